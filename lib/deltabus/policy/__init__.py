@@ -1,0 +1,1 @@
+"""Pure policy math: no I/O, time and randomness are arguments."""

@@ -1,0 +1,190 @@
+"""The embedded engine: commits to Delta with delta-rs (``deltalake``), no JVM needed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from typing import Callable, Mapping, Sequence, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from ..errors import Aborted
+from ..policy.backoff import Backoff
+from .arrow import plain
+from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert
+from .tables import BY_NAME, TableSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class DeltaRsSnapshot:
+    def __init__(self, spec: TableSpec, dt: DeltaTable) -> None:
+        self._spec = spec
+        self._dt = dt
+        self._version = dt.version()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _filter(self, partition: str | None, filter: pc.Expression | None) -> pc.Expression | None:
+        expr = filter
+        if partition is not None:
+            col = self._spec.partition_column
+            if col is None:
+                raise ValueError(f"table {self._spec.name} is not partitioned")
+            part = pc.field(col) == partition
+            expr = part if expr is None else part & expr
+        return expr
+
+    def read(
+        self,
+        columns: Sequence[str] | None = None,
+        partition: str | None = None,
+        filter: pc.Expression | None = None,
+    ) -> pa.Table:
+        dataset = self._dt.to_pyarrow_dataset()
+        table = dataset.to_table(columns=list(columns) if columns else None, filter=self._filter(partition, filter))
+        return plain(table)
+
+    def merge(
+        self,
+        source: pa.Table,
+        on: str,
+        clauses: Sequence[Clause],
+        app_txn: tuple[str, int] | None = None,
+    ) -> Mapping[str, int]:
+        props = None
+        if app_txn is not None:
+            props = CommitProperties(app_transactions=[Transaction(app_txn[0], app_txn[1])])
+        merger = self._dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=props)
+        for c in clauses:
+            if isinstance(c, MatchedUpdate):
+                merger = merger.when_matched_update(dict(c.set), predicate=c.when)
+            elif isinstance(c, MatchedDelete):
+                merger = merger.when_matched_delete(predicate=c.when)
+            elif isinstance(c, NotMatchedInsert):
+                merger = merger.when_not_matched_insert(dict(c.values), predicate=c.when)
+            else:  # pragma: no cover - exhaustive
+                raise TypeError(c)
+        return merger.execute()
+
+    def delete(self, predicate: str) -> None:
+        self._dt.delete(predicate)
+
+    def txn_version(self, app_id: str) -> int | None:
+        return self._dt.transaction_version(app_id)
+
+    def changes(self, start: int, end: int, columns: Sequence[str], partition: str | None = None) -> pa.Table:
+        """Rows inserted in versions start..end (inclusive), with ``_commit_version``."""
+        predicate = None
+        if partition is not None:
+            predicate = f"{self._spec.partition_column} = '{partition}'"
+        cols = list(dict.fromkeys([*columns, "_change_type", "_commit_version"]))
+        reader = self._dt.load_cdf(starting_version=start, ending_version=end, columns=cols, predicate=predicate)
+        table = plain(reader)
+        table = table.filter(pc.equal(table["_change_type"], "insert")).select([*columns, "_commit_version"])
+        return table.set_column(len(columns), "_commit_version", pc.cast(table["_commit_version"], pa.int64()))
+
+
+class DeltaRsEngine:
+    """Warehouse of Delta tables written with delta-rs.
+
+    Each thread keeps its own DeltaTable handle per table and brings it up to date
+    incrementally before use (cheap: only new log entries are read).
+    """
+
+    name = "delta-rs"
+
+    def __init__(
+        self,
+        warehouse: str,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        backoff: Backoff = Backoff(initial=0.002, maximum=0.25),
+        max_conflict_seconds: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if "://" not in warehouse:
+            warehouse = os.path.abspath(warehouse)
+        self.warehouse = warehouse.rstrip("/")
+        self._storage_options = dict(storage_options) if storage_options else None
+        self._backoff = backoff
+        self._max_conflict_seconds = max_conflict_seconds
+        self._sleep = sleep
+        self._local = threading.local()
+
+    def table_uri(self, table: str) -> str:
+        return f"{self.warehouse}/{table}"
+
+    def ensure_tables(self) -> None:
+        if "://" not in self.warehouse:
+            os.makedirs(self.warehouse, exist_ok=True)
+        for spec in BY_NAME.values():
+            uri = self.table_uri(spec.name)
+            if DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
+                continue
+            try:
+                DeltaTable.create(
+                    uri,
+                    spec.schema,
+                    mode="ignore",
+                    partition_by=list(spec.partition_by) or None,
+                    configuration=spec.configuration or None,
+                    storage_options=self._storage_options,
+                    name=spec.name,
+                )
+            except Exception:
+                # Another process may have created it between our check and create.
+                if not DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
+                    raise
+
+    def _handle(self, table: str) -> DeltaTable:
+        handles: dict[str, DeltaTable] | None = getattr(self._local, "handles", None)
+        if handles is None:
+            handles = self._local.handles = {}
+        dt = handles.get(table)
+        if dt is None:
+            try:
+                dt = DeltaTable(self.table_uri(table), storage_options=self._storage_options)
+            except TableNotFoundError:
+                self.ensure_tables()
+                dt = DeltaTable(self.table_uri(table), storage_options=self._storage_options)
+            handles[table] = dt
+        else:
+            dt.update_incremental()
+        return dt
+
+    def snapshot(self, table: str) -> DeltaRsSnapshot:
+        return DeltaRsSnapshot(BY_NAME[table], self._handle(table))
+
+    def version(self, table: str) -> int:
+        return self._handle(table).version()
+
+    def transact(self, table: str, fn: Callable[[DeltaRsSnapshot], T], *, what: str) -> T:
+        """Run fn on a fresh snapshot; on a commit conflict, back off and rerun it whole."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            snap = self.snapshot(table)
+            try:
+                return fn(snap)
+            except CommitFailedError as exc:
+                elapsed = time.monotonic() - started
+                if elapsed > self._max_conflict_seconds:
+                    raise Aborted(
+                        f"{what}: gave up after {attempt + 1} conflicting attempts in {elapsed:.1f}s: {exc}"
+                    ) from exc
+                log.debug("%s: commit conflict on %s (attempt %d), retrying", what, table, attempt + 1)
+                self._sleep(self._backoff.delay(attempt, random.random()))
+                attempt += 1
+
+    def append(self, table: str, data: pa.Table) -> None:
+        write_deltalake(self._handle(table), data, mode="append")

@@ -1,0 +1,92 @@
+"""The storage contract every engine (delta-rs embedded, delta-spark on clusters) fulfils.
+
+Domain code only speaks this: read a snapshot, MERGE into it pinned to a literal
+partition, append, read the change feed. ``transact`` reruns a whole
+read-modify-write when Delta reports a conflicting concurrent commit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol, Sequence, TypeVar, Union
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+T = TypeVar("T")
+
+_SAFE_LITERAL = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class MatchedUpdate:
+    set: Mapping[str, str]
+    when: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MatchedDelete:
+    when: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotMatchedInsert:
+    values: Mapping[str, str]
+    when: str | None = None
+
+
+Clause = Union[MatchedUpdate, MatchedDelete, NotMatchedInsert]
+
+
+def literal(value: str) -> str:
+    """A SQL string literal for an internal id; refuses anything but [A-Za-z0-9_-]."""
+    if not _SAFE_LITERAL.match(value):
+        raise ValueError(f"unsafe literal {value!r}")
+    return f"'{value}'"
+
+
+class Snapshot(Protocol):
+    """One version of one table; a merge on it conflicts with anything committed since."""
+
+    @property
+    def version(self) -> int: ...
+
+    def read(
+        self,
+        columns: Sequence[str] | None = None,
+        partition: str | None = None,
+        filter: pc.Expression | None = None,
+    ) -> pa.Table: ...
+
+    def merge(
+        self,
+        source: pa.Table,
+        on: str,
+        clauses: Sequence[Clause],
+        app_txn: tuple[str, int] | None = None,
+    ) -> Mapping[str, int]: ...
+
+    def delete(self, predicate: str) -> None: ...
+
+    def txn_version(self, app_id: str) -> int | None: ...
+
+    def changes(
+        self, start: int, end: int, columns: Sequence[str], partition: str | None = None
+    ) -> pa.Table: ...
+
+
+class Engine(Protocol):
+    name: str
+
+    def ensure_tables(self) -> None: ...
+
+    def snapshot(self, table: str) -> Snapshot: ...
+
+    def transact(self, table: str, fn: Callable[[Snapshot], T], *, what: str) -> T: ...
+
+    def append(self, table: str, data: pa.Table) -> None: ...
+
+    def version(self, table: str) -> int: ...
+
+    def table_uri(self, table: str) -> str: ...
