@@ -1,0 +1,27 @@
+"""google-cloud-pubsub style calls: either ``request={...}`` or keyword fields, never both."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .errors import InvalidArgument
+
+
+def fields(method: str, request: Mapping[str, Any] | None, allowed: set[str], **flat: Any) -> dict[str, Any]:
+    given = {k: v for k, v in flat.items() if v is not None}
+    if request is None:
+        return given
+    if given:
+        raise InvalidArgument("request", f"{method}: pass either request or keyword fields, not both")
+    if not isinstance(request, Mapping):
+        raise InvalidArgument("request", f"{method}: must be a dict, got {type(request).__name__}")
+    unknown = set(request) - allowed
+    if unknown:
+        raise InvalidArgument("request", f"{method}: unknown fields {sorted(unknown)}; known: {sorted(allowed)}")
+    return dict(request)
+
+
+def required(values: Mapping[str, Any], name: str, method: str) -> Any:
+    if values.get(name) is None:
+        raise InvalidArgument(name, f"{method} requires {name}")
+    return values[name]

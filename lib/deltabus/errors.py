@@ -1,0 +1,49 @@
+"""Exception hierarchy. Every error names the field and the rule it broke."""
+
+from __future__ import annotations
+
+
+class DeltabusError(Exception):
+    """Base class of every error deltabus raises on purpose."""
+
+
+class InvalidArgument(DeltabusError, ValueError):
+    """A request field breaks a rule. Nothing was written."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        self.field = field
+        self.rule = rule
+        super().__init__(f"{field}: {rule}")
+
+
+class NotFound(DeltabusError, LookupError):
+    """The named topic or subscription does not exist."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        self.kind = kind
+        self.name = name
+        super().__init__(f"{kind} not found: {name}")
+
+
+class AlreadyExists(DeltabusError):
+    """A topic or subscription with that name exists already."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        self.kind = kind
+        self.name = name
+        super().__init__(f"{kind} already exists: {name}")
+
+
+class FailedPrecondition(DeltabusError):
+    """The request is well formed but the system is not in a state to run it."""
+
+
+class Aborted(DeltabusError):
+    """A commit kept conflicting with concurrent writers and was given up.
+
+    Nothing of the aborted operation was written; it is safe to retry.
+    """
+
+
+class Cancelled(DeltabusError):
+    """The operation was cancelled (for example a publish on a closed client)."""

@@ -1,0 +1,203 @@
+"""Lease state of pull delivery: fan-out, lease, ack, deadline changes.
+
+Every operation is one MERGE into the subscription's own ``deliveries`` partition,
+pinned by a literal ``sub_uid``. Two writers on one subscription therefore conflict
+in Delta and one reruns from a fresh snapshot: a message can never be leased to two
+pullers at once, and an ack is never lost. The fan-out cursor (the last messages-table
+version copied into the partition) is a Delta application transaction committed in
+the same MERGE, so cursor and rows move together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .registry import SubscriptionRecord
+from .storage import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
+from .storage.tables import DELIVERIES, MESSAGES, TS
+
+# At most this many messages-table versions are fanned out in one pull.
+MAX_FANOUT_VERSIONS = 500
+# Advance a cursor with nothing to insert only once it lags this far (saves a commit per poll).
+IDLE_CURSOR_LAG = 50
+
+_STATE_COLUMNS = ["message_id", "message_version", "publish_time", "delivery_attempt", "lease_expires"]
+_FANOUT_COLUMNS = ["message_id", "publish_time", "ordering_key", "size_bytes"]
+
+
+def cursor_app_id(sub_uid: str) -> str:
+    return f"deltabus-fanout-{sub_uid}"
+
+
+def _us(ts: float) -> int:
+    return int(round(ts * 1_000_000))
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    message_id: str
+    delivery_attempt: int
+    message_version: int
+
+
+def _on(sub_uid: str) -> str:
+    return f"t.sub_uid = {literal(sub_uid)} AND t.message_id = s.message_id"
+
+
+def available_filter(now: float) -> pc.Expression:
+    return pc.field("lease_expires").is_null() | (pc.field("lease_expires") <= pa.scalar(_us(now), TS))
+
+
+def pending_range(engine: Engine, snap: Snapshot, sub: SubscriptionRecord) -> tuple[int, int]:
+    """(cursor, latest): messages versions cursor+1..latest are not yet fanned out."""
+    cursor = snap.txn_version(cursor_app_id(sub.sub_uid))
+    if cursor is None:
+        cursor = sub.start_version
+    return cursor, engine.version(MESSAGES.name)
+
+
+def read_unfanned(engine: Engine, sub: SubscriptionRecord, first: int, last: int) -> pa.Table:
+    if last < first:
+        return pa.table({c: pa.array([], MESSAGES.schema.field(c).type) for c in _FANOUT_COLUMNS} | {"_commit_version": pa.array([], pa.int64())})
+    return engine.snapshot(MESSAGES.name).changes(first, last, _FANOUT_COLUMNS, partition=sub.topic_uid)
+
+
+def pull(engine: Engine, sub: SubscriptionRecord, *, max_messages: int, lease_seconds: float, now: float) -> list[Lease]:
+    """Lease up to max_messages available messages for lease_seconds; return the leases."""
+    expires = pa.scalar(_us(now + lease_seconds), TS)
+
+    def fn(snap: Snapshot) -> list[Lease]:
+        cursor, latest = pending_range(engine, snap, sub)
+        end = min(latest, cursor + MAX_FANOUT_VERSIONS)
+        fresh = read_unfanned(engine, sub, cursor + 1, end)
+
+        available = snap.read(columns=_STATE_COLUMNS, partition=sub.sub_uid, filter=available_filter(now))
+        if available.num_rows > max_messages:
+            order = pc.sort_indices(available, [("message_version", "ascending"), ("message_id", "ascending")])
+            available = available.take(order[:max_messages])
+        room = max_messages - available.num_rows
+
+        if fresh.num_rows:
+            order = pc.sort_indices(fresh, [("_commit_version", "ascending"), ("message_id", "ascending")])
+            fresh = fresh.take(order)
+        n_fresh_leased = min(room, fresh.num_rows)
+
+        if available.num_rows == 0 and fresh.num_rows == 0 and end - cursor < IDLE_CURSOR_LAG:
+            return []
+
+        leased_attempts = pc.add(available["delivery_attempt"], pa.scalar(1, pa.int32()))
+        ops = ["lease"] * available.num_rows + ["insert"] * fresh.num_rows
+        fresh_attempts = [1] * n_fresh_leased + [0] * (fresh.num_rows - n_fresh_leased)
+        null_ts = pa.nulls(fresh.num_rows - n_fresh_leased, TS)
+        source = pa.table(
+            {
+                "op": pa.array(ops, pa.string()),
+                "sub_uid": pa.array([sub.sub_uid] * len(ops), pa.string()),
+                "message_id": pa.concat_arrays([available["message_id"].combine_chunks(), fresh["message_id"].combine_chunks()]),
+                "message_version": pa.concat_arrays(
+                    [available["message_version"].combine_chunks(), fresh["_commit_version"].combine_chunks()]
+                ),
+                "publish_time": pa.concat_arrays([available["publish_time"].combine_chunks(), fresh["publish_time"].combine_chunks()]),
+                "ordering_key": pa.concat_arrays(
+                    [pa.nulls(available.num_rows, pa.string()), fresh["ordering_key"].combine_chunks()]
+                ),
+                "size_bytes": pa.concat_arrays([pa.nulls(available.num_rows, pa.int64()), fresh["size_bytes"].combine_chunks()]),
+                "delivery_attempt": pa.concat_arrays(
+                    [leased_attempts.combine_chunks() if available.num_rows else pa.array([], pa.int32()), pa.array(fresh_attempts, pa.int32())]
+                ),
+                "lease_expires": pa.concat_arrays(
+                    [pa.array([expires.value] * (available.num_rows + n_fresh_leased), TS), null_ts]
+                ),
+            }
+        )
+        insert_values = {c: f"s.{c}" for c in DELIVERIES.schema.names}
+        snap.merge(
+            source,
+            _on(sub.sub_uid),
+            [
+                MatchedUpdate({"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"}, when="s.op = 'lease'"),
+                NotMatchedInsert(insert_values, when="s.op = 'insert'"),
+            ],
+            app_txn=(cursor_app_id(sub.sub_uid), end) if end > cursor else None,
+        )
+        out = [
+            Lease(m, a, v)
+            for m, a, v in zip(
+                available["message_id"].to_pylist(),
+                leased_attempts.to_pylist() if available.num_rows else [],
+                available["message_version"].to_pylist(),
+            )
+        ]
+        out.extend(
+            Lease(m, 1, v)
+            for m, v in zip(
+                fresh["message_id"].to_pylist()[:n_fresh_leased], fresh["_commit_version"].to_pylist()[:n_fresh_leased]
+            )
+        )
+        return out
+
+    return engine.transact(DELIVERIES.name, fn, what=f"pull {sub.name}")
+
+
+def _keyed(items: Iterable[tuple[str, int]]) -> pa.Table:
+    # One source row per message: several ack ids for one message keep the latest delivery's.
+    latest: dict[str, int] = {}
+    for message_id, attempt in items:
+        if attempt > latest.get(message_id, -1):
+            latest[message_id] = attempt
+    return pa.table(
+        {"message_id": pa.array(list(latest), pa.string()), "delivery_attempt": pa.array(list(latest.values()), pa.int32())}
+    )
+
+
+def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]]) -> int:
+    """Ack (message_id, delivery_attempt) pairs; return how many messages this acked.
+
+    Unknown, already-acked or superseded deliveries are ignored.
+    """
+    if not items:
+        return 0
+    source = _keyed(items)
+
+    def fn(snap: Snapshot) -> int:
+        m = snap.merge(source, _on(sub.sub_uid), [MatchedDelete(when="t.delivery_attempt = s.delivery_attempt")])
+        return int(m.get("num_target_rows_deleted", 0))
+
+    return engine.transact(DELIVERIES.name, fn, what=f"acknowledge {sub.name}")
+
+
+def modify_deadline(
+    engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]], seconds: float, *, now: float
+) -> int:
+    """Set the lease of the given deliveries to end `seconds` from now (0 = available at once)."""
+    if not items:
+        return 0
+    source = _keyed(items)
+    source = source.append_column("lease_expires", pa.array([_us(now + seconds)] * source.num_rows, TS))
+
+    def fn(snap: Snapshot) -> int:
+        m = snap.merge(
+            source,
+            _on(sub.sub_uid),
+            [MatchedUpdate({"lease_expires": "s.lease_expires"}, when="t.delivery_attempt = s.delivery_attempt AND t.delivery_attempt > 0")],
+        )
+        return int(m.get("num_target_rows_updated", 0))
+
+    return engine.transact(DELIVERIES.name, fn, what=f"modify_ack_deadline {sub.name}")
+
+
+def fetch_messages(engine: Engine, topic_uid: str, message_ids: Sequence[str]) -> dict[str, dict]:
+    """Payloads of the given messages from the messages table, keyed by message_id."""
+    if not message_ids:
+        return {}
+    ids = pa.array(sorted(set(message_ids)), pa.string())
+    lo, hi = ids[0].as_py(), ids[-1].as_py()
+    flt = (pc.field("message_id") >= lo) & (pc.field("message_id") <= hi) & pc.field("message_id").isin(ids)
+    table = engine.snapshot(MESSAGES.name).read(
+        columns=["message_id", "data", "attributes", "ordering_key", "publish_time"], partition=topic_uid, filter=flt
+    )
+    return {row["message_id"]: row for row in table.to_pylist()}

@@ -1,0 +1,3 @@
+from .client import PublisherClient
+
+__all__ = ["PublisherClient"]

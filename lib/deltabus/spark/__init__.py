@@ -1,0 +1,1 @@
+"""Spark integration. Importing this package never starts a SparkSession."""

@@ -1,0 +1,5 @@
+from .client import SubscriberClient
+from .futures import StreamingPullFuture
+from .message import Message
+
+__all__ = ["SubscriberClient", "StreamingPullFuture", "Message"]

@@ -1,0 +1,321 @@
+"""SubscriberClient: subscriptions, pull, ack, deadlines and streaming pull."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from concurrent.futures import Executor
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .. import ackid, leasing, names
+from .._common import ClientBase
+from .._requests import fields, required
+from ..errors import FailedPrecondition, InvalidArgument
+from ..policy.backoff import Backoff
+from ..registry import SubscriptionRecord
+from ..types import (
+    MAX_ACK_DEADLINE,
+    FlowControl,
+    PubsubMessage,
+    PullResponse,
+    PushConfig,
+    ReceivedMessage,
+    Subscription,
+    validate_ack_deadline,
+    validate_labels,
+)
+from .message import Message
+from .streaming_pull import StreamingPullManager
+
+log = logging.getLogger(__name__)
+
+MAX_PULL_MESSAGES = 10_000
+DEFAULT_PULL_TIMEOUT = 10.0
+_UPDATABLE = {"ack_deadline_seconds", "push_config", "labels"}
+_POLL = Backoff(initial=0.05, maximum=0.5)
+
+
+def allow_http_default() -> bool:
+    return os.environ.get("DELTABUS_ALLOW_HTTP", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class SubscriberClient(ClientBase):
+    """Create subscriptions and receive messages by pull or streaming pull."""
+
+    def __init__(self, warehouse: str | None = None, *, allow_http: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(warehouse, **kwargs)
+        self._allow_http = allow_http_default() if allow_http is None else bool(allow_http)
+        self._streams: list[StreamingPullManager] = []
+        self._streams_lock = threading.Lock()
+
+    subscription_path = staticmethod(names.subscription_path)
+    topic_path = staticmethod(names.topic_path)
+
+    # -- validation helpers ------------------------------------------------------
+    def _check_push(self, push: PushConfig) -> PushConfig:
+        if push.push_endpoint.startswith("http://") and not self._allow_http:
+            raise InvalidArgument(
+                "push_config.push_endpoint",
+                "must be https; plain http needs allow_http (conf) or DELTABUS_ALLOW_HTTP=1 (for localhost and tests)",
+            )
+        return push
+
+    def _sub(self, name: Any, field: str = "subscription") -> SubscriptionRecord:
+        return self._registry.subscription(str(names.parse_subscription(name, field)))
+
+    # -- administration ----------------------------------------------------------
+    def create_subscription(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        topic: str | None = None,
+        push_config: PushConfig | Mapping[str, Any] | None = None,
+        ack_deadline_seconds: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        enable_message_ordering: bool | None = None,
+    ) -> Subscription:
+        f = fields(
+            "create_subscription",
+            request,
+            {"name", "topic", "push_config", "ack_deadline_seconds", "labels", "enable_message_ordering"},
+            name=name,
+            topic=topic,
+            push_config=push_config,
+            ack_deadline_seconds=ack_deadline_seconds,
+            labels=labels,
+            enable_message_ordering=enable_message_ordering,
+        )
+        sub_name = str(names.parse_subscription(required(f, "name", "create_subscription"), "name"))
+        topic_name = str(names.parse_topic(required(f, "topic", "create_subscription")))
+        push = self._check_push(PushConfig.coerce(f.get("push_config")))
+        deadline = validate_ack_deadline(f.get("ack_deadline_seconds"))
+        lbls = validate_labels(f.get("labels"))
+        ordering = f.get("enable_message_ordering", False)
+        if not isinstance(ordering, bool):
+            raise InvalidArgument("enable_message_ordering", "must be a boolean")
+        topic_rec = self._registry.topic(topic_name)
+        rec = self._registry.create_subscription(sub_name, topic_rec, push, deadline, lbls, ordering)
+        return rec.public()
+
+    def get_subscription(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None) -> Subscription:
+        f = fields("get_subscription", request, {"subscription"}, subscription=subscription)
+        rec = self._sub(required(f, "subscription", "get_subscription"))
+        return rec.public(self._registry.topic_is_live(rec.topic_uid))
+
+    def list_subscriptions(self, request: Mapping[str, Any] | None = None, *, project: str | None = None) -> list[Subscription]:
+        f = fields("list_subscriptions", request, {"project"}, project=project)
+        proj = names.parse_project(required(f, "project", "list_subscriptions"))
+        prefix = f"projects/{proj}/subscriptions/"
+        return [
+            s.public(self._registry.topic_is_live(s.topic_uid))
+            for n, s in sorted(self._registry.subscriptions().items())
+            if n.startswith(prefix)
+        ]
+
+    def update_subscription(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        subscription: Subscription | Mapping[str, Any] | None = None,
+        update_mask: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    ) -> Subscription:
+        """Change the fields named in update_mask (ack_deadline_seconds, push_config, labels)."""
+        f = fields("update_subscription", request, {"subscription", "update_mask"}, subscription=subscription, update_mask=update_mask)
+        raw = required(f, "subscription", "update_subscription")
+        mask = required(f, "update_mask", "update_subscription")
+        if isinstance(mask, Mapping):
+            mask = mask.get("paths", [])
+        if isinstance(mask, str) or not isinstance(mask, Iterable):
+            raise InvalidArgument("update_mask", "must be a list of field paths")
+        paths = list(mask)
+        if not paths:
+            raise InvalidArgument("update_mask", f"name at least one field to update: {sorted(_UPDATABLE)}")
+        bad = [p for p in paths if p not in _UPDATABLE]
+        if bad:
+            raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {sorted(_UPDATABLE)}")
+        if isinstance(raw, Subscription):
+            values: dict[str, Any] = {p: getattr(raw, p) for p in paths}
+            sub_name = raw.name
+        elif isinstance(raw, Mapping):
+            sub_name = raw.get("name")
+            values = {p: raw.get(p) for p in paths}
+        else:
+            raise InvalidArgument("subscription", f"must be a Subscription or a dict, got {type(raw).__name__}")
+        rec = self._sub(sub_name, "subscription.name")
+        changes: dict[str, Any] = {}
+        if "ack_deadline_seconds" in values:
+            changes["ack_deadline_seconds"] = validate_ack_deadline(values["ack_deadline_seconds"], "subscription.ack_deadline_seconds")
+        if "push_config" in values:
+            changes["push_config"] = self._check_push(PushConfig.coerce(values["push_config"]))
+        if "labels" in values:
+            changes["labels"] = validate_labels(values["labels"], "subscription.labels")
+        from dataclasses import replace
+
+        new = self._registry.replace_subscription(replace(rec, **changes))
+        return new.public(self._registry.topic_is_live(new.topic_uid))
+
+    def modify_push_config(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        subscription: str | None = None,
+        push_config: PushConfig | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Set the push configuration; an empty endpoint turns the subscription into pull."""
+        f = fields("modify_push_config", request, {"subscription", "push_config"}, subscription=subscription, push_config=push_config)
+        name = required(f, "subscription", "modify_push_config")
+        if "push_config" not in f:
+            raise InvalidArgument("push_config", "modify_push_config requires push_config (an empty one means pull)")
+        push = self._check_push(PushConfig.coerce(f["push_config"]))
+        rec = self._sub(name)
+        from dataclasses import replace
+
+        self._registry.replace_subscription(replace(rec, push_config=push))
+
+    def delete_subscription(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None) -> None:
+        f = fields("delete_subscription", request, {"subscription"}, subscription=subscription)
+        name = str(names.parse_subscription(required(f, "subscription", "delete_subscription")))
+        self._registry.delete_subscription(name)
+
+    # -- pull ------------------------------------------------------------------------
+    def _pull_received(self, subscription: str, max_messages: int, lease_seconds: float) -> list[ReceivedMessage]:
+        rec = self._sub(subscription)
+        if rec.push_config.is_push:
+            raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
+        leases = leasing.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, now=self._clock())
+        if not leases:
+            return []
+        payloads = leasing.fetch_messages(self._engine, rec.topic_uid, [l.message_id for l in leases])
+        out = []
+        for lease in leases:
+            row = payloads.get(lease.message_id)
+            if row is None:  # payload files gone (retention): cannot deliver; leave the lease to expire
+                log.error("message %s of %s has no payload in the messages table", lease.message_id, rec.name)
+                continue
+            msg = PubsubMessage(
+                data=row["data"] or b"",
+                attributes=dict(row["attributes"] or []),
+                message_id=lease.message_id,
+                publish_time=row["publish_time"],
+                ordering_key=row["ordering_key"] or "",
+            )
+            out.append(ReceivedMessage(ackid.encode(rec.sub_uid, lease.message_id, lease.delivery_attempt), msg, lease.delivery_attempt))
+        return out
+
+    def pull(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        subscription: str | None = None,
+        max_messages: int | None = None,
+        return_immediately: bool | None = None,
+        timeout: float | None = None,
+    ) -> PullResponse:
+        """Lease up to max_messages messages for the subscription's ack deadline.
+
+        Without return_immediately, waits up to `timeout` seconds (default 10) for a message.
+        """
+        f = fields(
+            "pull", request, {"subscription", "max_messages", "return_immediately"},
+            subscription=subscription, max_messages=max_messages, return_immediately=return_immediately,
+        )
+        name = str(names.parse_subscription(required(f, "subscription", "pull")))
+        n = required(f, "max_messages", "pull")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PULL_MESSAGES:
+            raise InvalidArgument("max_messages", f"must be an integer 1..{MAX_PULL_MESSAGES}, got {n!r}")
+        wait = DEFAULT_PULL_TIMEOUT if timeout is None else float(timeout)
+        give_up = time.monotonic() + wait
+        attempt = 0
+        while True:
+            rec = self._sub(name)
+            received = self._pull_received(name, n, rec.ack_deadline_seconds)
+            if received or f.get("return_immediately") or time.monotonic() >= give_up:
+                return PullResponse(received_messages=received)
+            time.sleep(min(_POLL.delay(min(attempt, 10), random.random()), max(0.0, give_up - time.monotonic())))
+            attempt += 1
+
+    def _decode(self, rec: SubscriptionRecord, ack_ids: Any) -> list[tuple[str, int]]:
+        if isinstance(ack_ids, str) or not isinstance(ack_ids, Iterable):
+            raise InvalidArgument("ack_ids", "must be a list of ack ids")
+        decoded = [ackid.decode(a, f"ack_ids[{i}]") for i, a in enumerate(ack_ids)]
+        if not decoded:
+            raise InvalidArgument("ack_ids", "at least one ack id is required")
+        # Ack ids of another subscription (or of an earlier incarnation of this one) are ignored.
+        return [(d.message_id, d.delivery_attempt) for d in decoded if d.sub_uid == rec.sub_uid]
+
+    def _acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> int:
+        rec = self._sub(subscription)
+        return leasing.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
+
+    def _modify_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> int:
+        rec = self._sub(subscription)
+        return leasing.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, now=self._clock())
+
+    def acknowledge(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None, ack_ids: Sequence[str] | None = None) -> None:
+        """Ack messages. Ack ids that expired, were superseded or are unknown are ignored."""
+        f = fields("acknowledge", request, {"subscription", "ack_ids"}, subscription=subscription, ack_ids=ack_ids)
+        name = required(f, "subscription", "acknowledge")
+        self._acknowledge(name, required(f, "ack_ids", "acknowledge"))
+
+    def modify_ack_deadline(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        subscription: str | None = None,
+        ack_ids: Sequence[str] | None = None,
+        ack_deadline_seconds: int | None = None,
+    ) -> None:
+        """Set the deadline of leased messages to now + seconds; 0 makes them available at once."""
+        f = fields(
+            "modify_ack_deadline", request, {"subscription", "ack_ids", "ack_deadline_seconds"},
+            subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=ack_deadline_seconds,
+        )
+        name = required(f, "subscription", "modify_ack_deadline")
+        seconds = required(f, "ack_deadline_seconds", "modify_ack_deadline")
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_ACK_DEADLINE:
+            raise InvalidArgument("ack_deadline_seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds!r}")
+        self._modify_deadline(name, required(f, "ack_ids", "modify_ack_deadline"), seconds)
+
+    # -- streaming pull -------------------------------------------------------------
+    def subscribe(
+        self,
+        subscription: str,
+        callback: Callable[[Message], object],
+        flow_control: FlowControl | Sequence[Any] = (),
+        scheduler: Executor | None = None,
+    ) -> "StreamingPullFuture":
+        """Receive messages in the background; the callback gets each with ack()/nack().
+
+        Leases are extended while callbacks run; ``future.cancel()`` stops and nacks what was held.
+        """
+        name = str(names.parse_subscription(subscription))
+        if not callable(callback):
+            raise InvalidArgument("callback", "must be callable")
+        if not isinstance(flow_control, FlowControl):
+            flow_control = FlowControl(*flow_control)
+        rec = self._sub(name)
+        if rec.push_config.is_push:
+            raise FailedPrecondition(f"{name} is a push subscription; subscribe needs an empty push endpoint")
+        manager = StreamingPullManager(self, name, callback, flow_control, executor=scheduler, clock=self._clock)
+        with self._streams_lock:
+            self._streams.append(manager)
+        return manager.start()
+
+    def close(self) -> None:
+        with self._streams_lock:
+            streams, self._streams = self._streams, []
+        for s in streams:
+            s.close()
+
+    def __enter__(self) -> "SubscriberClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+from .futures import StreamingPullFuture  # noqa: E402  (for the annotation above)

@@ -1,0 +1,286 @@
+"""Streaming pull: pull under flow control, run callbacks, batch acks, extend leases.
+
+Three threads per stream, as python-pubsub's streaming pull manager:
+- the consumer pulls while flow control has room and hands messages to the callback pool;
+- the dispatcher sends acks, nacks and deadline changes in batches (one MERGE each);
+- the leaser extends the deadline of everything still held, sized by the 99th
+  percentile of observed ack delay, until max_lease_duration.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import random
+import threading
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import NotFound
+from ..policy import flow_control as fc
+from ..policy import leases as lease_policy
+from ..policy.backoff import Backoff
+from ..policy.histogram import Histogram
+from ..types import FlowControl
+from .futures import StreamingPullFuture
+from .message import Message
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import SubscriberClient
+
+log = logging.getLogger(__name__)
+
+_BATCH_WAIT = 0.05
+_MAX_BATCH = 2500
+_IDLE = Backoff(initial=0.05, maximum=1.0)
+
+
+@dataclass(slots=True)
+class _Held:
+    size: int
+    leased_at: float  # wall clock, for max_lease_duration
+    dispatched: bool
+
+
+class StreamingPullManager:
+    def __init__(
+        self,
+        client: "SubscriberClient",
+        subscription: str,
+        callback: Callable[[Message], object],
+        flow_control: FlowControl,
+        *,
+        executor: Executor | None = None,
+        clock: Callable[[], float] = time.time,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self._client = client
+        self._subscription = subscription
+        self._callback = callback
+        self._flow = flow_control
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=10, thread_name_prefix="deltabus-callback")
+        self._clock = clock
+        self._rand = rand
+
+        self._lock = threading.Condition()
+        self._held: dict[str, _Held] = {}
+        self._on_hold: collections.deque[Message] = collections.deque()
+        self._dispatched_count = 0
+        self._dispatched_bytes = 0
+        self._leased_bytes = 0
+        self._paused = False
+        self._histogram = Histogram()
+        self._requests: "queue.Queue[tuple[str, str, int]]" = queue.Queue()
+        self._stop = threading.Event()
+        self._closed = threading.Event()
+        self._close_lock = threading.Lock()
+        self.future = StreamingPullFuture(self.close)
+        self._threads = [
+            threading.Thread(target=self._guard(self._consume), name="deltabus-consumer", daemon=True),
+            threading.Thread(target=self._guard(self._lease), name="deltabus-leaser", daemon=True),
+        ]
+        self._dispatcher = threading.Thread(target=self._guard(self._dispatch_requests), name="deltabus-dispatcher", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> StreamingPullFuture:
+        for t in self._threads:
+            t.start()
+        self._dispatcher.start()
+        return self.future
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # the stream is broken: surface it on the future
+                log.error("streaming pull on %s failed: %s", self._subscription, exc)
+                if not self.future.done():
+                    self.future.set_exception(exc)
+                threading.Thread(target=self.close, daemon=True).start()
+
+        return run
+
+    def close(self) -> None:
+        """Stop pulling and extending; nack everything still held; flush pending requests."""
+        with self._close_lock:
+            if self._closed.is_set():
+                return
+            self._stop.set()
+            with self._lock:
+                self._lock.notify_all()
+            for t in self._threads:
+                if t is not threading.current_thread() and t.is_alive():
+                    t.join()
+            if self._own_executor:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            with self._lock:
+                held = list(self._held)
+                self._held.clear()
+                self._on_hold.clear()
+                self._leased_bytes = self._dispatched_bytes = self._dispatched_count = 0
+            for ack_id in held:
+                self._requests.put(("nack", ack_id, 0))
+            self._requests.put(("stop", "", 0))
+            if self._dispatcher is not threading.current_thread() and self._dispatcher.is_alive():
+                self._dispatcher.join()
+            self._closed.set()
+            if not self.future.done():
+                self.future.set_result(None)
+
+    # -- flow control and dispatch --------------------------------------------
+    def _release(self, ack_id: str) -> None:
+        with self._lock:
+            h = self._held.pop(ack_id, None)
+            if h is None:
+                return
+            self._leased_bytes -= h.size
+            if h.dispatched:
+                self._dispatched_count -= 1
+                self._dispatched_bytes -= h.size
+            self._lock.notify_all()
+        self._dispatch_on_hold()
+
+    def _dispatch_on_hold(self) -> None:
+        ready: list[Message] = []
+        with self._lock:
+            while self._on_hold and fc.may_dispatch(
+                self._dispatched_count, self._dispatched_bytes, self._on_hold[0].size, self._flow
+            ):
+                m = self._on_hold.popleft()
+                h = self._held.get(m.ack_id)
+                if h is None:  # released (e.g. max lease duration) while on hold
+                    continue
+                h.dispatched = True
+                self._dispatched_count += 1
+                self._dispatched_bytes += m.size
+                ready.append(m)
+        for m in ready:
+            try:
+                self._executor.submit(self._run_callback, m)
+            except RuntimeError:  # executor shut down: we are closing
+                return
+
+    def _run_callback(self, message: Message) -> None:
+        try:
+            self._callback(message)
+        except Exception:
+            log.exception("subscriber callback raised for message %s; nacking it", message.message_id)
+            message.nack()
+
+    # -- the three loops ----------------------------------------------------------
+    def _consume(self) -> None:
+        idle = 0
+        while not self._stop.is_set():
+            with self._lock:
+                self._paused = fc.next_paused(self._paused, len(self._held), self._leased_bytes, self._flow)
+                room = fc.room(len(self._held), self._flow)
+                if self._paused or room == 0:
+                    self._lock.wait(0.1)
+                    continue
+            deadline = self._lease_seconds()
+            try:
+                received = self._client._pull_received(self._subscription, min(room, 1000), deadline)
+            except NotFound:
+                raise
+            now = self._clock()
+            if not received:
+                self._stop.wait(_IDLE.delay(min(idle, 10), self._rand()))
+                idle += 1
+                continue
+            idle = 0
+            messages = [Message(r, self, now) for r in received]
+            with self._lock:
+                for m in messages:
+                    self._held[m.ack_id] = _Held(m.size, now, False)
+                    self._leased_bytes += m.size
+                    self._on_hold.append(m)
+            self._dispatch_on_hold()
+
+    def _lease_seconds(self) -> int:
+        with self._lock:
+            p99 = self._histogram.percentile(99)
+        return lease_policy.extension_seconds(p99, self._flow)
+
+    def _lease(self) -> None:
+        while not self._stop.is_set():
+            deadline = self._lease_seconds()
+            now = self._clock()
+            with self._lock:
+                expired = lease_policy.over_max_lease(
+                    {k: h.leased_at for k, h in self._held.items()}, now, self._flow.max_lease_duration
+                )
+            for ack_id in expired:
+                log.warning("dropping lease after max_lease_duration (%ss) on %s", self._flow.max_lease_duration, self._subscription)
+                self._release(ack_id)
+            with self._lock:
+                ack_ids = list(self._held)
+            if ack_ids:
+                self._client._modify_deadline(self._subscription, ack_ids, deadline)
+            self._stop.wait(lease_policy.next_pass_delay(deadline, self._rand()))
+
+    def _dispatch_requests(self) -> None:
+        stopping = False
+        while not stopping:
+            try:
+                first = self._requests.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            batch = [first]
+            end = time.monotonic() + _BATCH_WAIT
+            while len(batch) < _MAX_BATCH:
+                try:
+                    batch.append(self._requests.get(timeout=max(0.0, end - time.monotonic())))
+                except queue.Empty:
+                    break
+            acks = [a for kind, a, _ in batch if kind == "ack"]
+            nacks = [a for kind, a, _ in batch if kind == "nack"]
+            modacks: dict[int, list[str]] = {}
+            for kind, a, s in batch:
+                if kind == "modack":
+                    modacks.setdefault(s, []).append(a)
+                elif kind == "stop":
+                    stopping = True
+            self._send(acks, nacks, modacks)
+
+    def _send(self, acks: list[str], nacks: list[str], modacks: dict[int, list[str]]) -> None:
+        try:
+            if acks:
+                self._client._acknowledge(self._subscription, acks)
+            if nacks:
+                self._client._modify_deadline(self._subscription, nacks, 0)
+            for seconds, ids in modacks.items():
+                self._client._modify_deadline(self._subscription, ids, seconds)
+        except NotFound:
+            log.warning("subscription %s was deleted; dropping %d requests", self._subscription, len(acks) + len(nacks))
+
+    # -- RequestSink: called from callbacks ----------------------------------------
+    def _submit(self, kind: str, message: Message, seconds: int = 0) -> None:
+        if self._closed.is_set():
+            # The stream is gone; carry the request out directly rather than lose it.
+            self._send(
+                [message.ack_id] if kind == "ack" else [],
+                [message.ack_id] if kind == "nack" else [],
+                {seconds: [message.ack_id]} if kind == "modack" else {},
+            )
+            return
+        self._requests.put((kind, message.ack_id, seconds))
+
+    def ack(self, message: Message) -> None:
+        with self._lock:
+            self._histogram.add(self._clock() - message.received_at)
+        self._submit("ack", message)
+        self._release(message.ack_id)
+
+    def nack(self, message: Message) -> None:
+        self._submit("nack", message)
+        self._release(message.ack_id)
+
+    def modify_ack_deadline(self, message: Message, seconds: int) -> None:
+        if seconds == 0:
+            self.nack(message)
+        else:
+            self._submit("modack", message, seconds)

@@ -1,0 +1,256 @@
+"""Request and resource types, shaped like google-cloud-pubsub's ``types`` module."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from .errors import InvalidArgument
+
+__all__ = [
+    "PubsubMessage",
+    "ReceivedMessage",
+    "PullResponse",
+    "Topic",
+    "Subscription",
+    "PushConfig",
+    "OidcToken",
+    "NoWrapper",
+    "FlowControl",
+    "BatchSettings",
+]
+
+MIN_ACK_DEADLINE = 10
+MAX_ACK_DEADLINE = 600
+DEFAULT_ACK_DEADLINE = 10
+
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_\-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_\-]{0,63}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class PubsubMessage:
+    """A message: opaque data plus string attributes. Server-set fields are empty on publish."""
+
+    data: bytes = b""
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    message_id: str = ""
+    publish_time: _dt.datetime | None = None
+    ordering_key: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + sum(len(k.encode()) + len(v.encode()) for k, v in self.attributes.items())
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    ack_id: str
+    message: PubsubMessage
+    delivery_attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullResponse:
+    received_messages: list[ReceivedMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OidcToken:
+    """Sign push requests with a JWT for this service account; audience defaults to the endpoint."""
+
+    service_account_email: str = ""
+    audience: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.service_account_email, str) or not _EMAIL.match(self.service_account_email):
+            raise InvalidArgument(
+                "push_config.oidc_token.service_account_email",
+                f"must be an email address, got {self.service_account_email!r}",
+            )
+        if not isinstance(self.audience, str):
+            raise InvalidArgument("push_config.oidc_token.audience", "must be a string")
+
+
+@dataclass(frozen=True, slots=True)
+class NoWrapper:
+    """Push the raw data as the body; with write_metadata, metadata travels in headers."""
+
+    write_metadata: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.write_metadata, bool):
+            raise InvalidArgument("push_config.no_wrapper.write_metadata", "must be a boolean")
+
+
+@dataclass(frozen=True, slots=True)
+class PushConfig:
+    """Where and how to push. An empty push_endpoint means a pull subscription."""
+
+    push_endpoint: str = ""
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    oidc_token: OidcToken | None = None
+    no_wrapper: NoWrapper | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.push_endpoint, str):
+            raise InvalidArgument("push_config.push_endpoint", "must be a string URL")
+        if self.push_endpoint:
+            parts = urlsplit(self.push_endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise InvalidArgument(
+                    "push_config.push_endpoint",
+                    f"must be an absolute http(s) URL with a host, got {self.push_endpoint!r}",
+                )
+        if not isinstance(self.attributes, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.attributes.items()
+        ):
+            raise InvalidArgument("push_config.attributes", "must map strings to strings")
+        if (self.oidc_token is not None or self.no_wrapper is not None) and not self.push_endpoint:
+            raise InvalidArgument(
+                "push_config", "oidc_token and no_wrapper need a push_endpoint (an empty endpoint means pull)"
+            )
+
+    @property
+    def is_push(self) -> bool:
+        return bool(self.push_endpoint)
+
+    @classmethod
+    def coerce(cls, value: "PushConfig | Mapping[str, Any] | None") -> "PushConfig":
+        """Accept a PushConfig, a dict in Pub/Sub's JSON shape, or None (pull)."""
+        if value is None:
+            return cls()
+        if isinstance(value, PushConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgument("push_config", f"must be a PushConfig or a dict, got {type(value).__name__}")
+        known = {"push_endpoint", "attributes", "oidc_token", "no_wrapper"}
+        unknown = set(value) - known
+        if unknown:
+            raise InvalidArgument("push_config", f"unknown fields {sorted(unknown)}; known: {sorted(known)}")
+        oidc = value.get("oidc_token")
+        if isinstance(oidc, Mapping):
+            oidc = OidcToken(**oidc)
+        nowrap = value.get("no_wrapper")
+        if isinstance(nowrap, Mapping):
+            nowrap = NoWrapper(**nowrap)
+        return cls(
+            push_endpoint=value.get("push_endpoint", "") or "",
+            attributes=dict(value.get("attributes") or {}),
+            oidc_token=oidc,
+            no_wrapper=nowrap,
+        )
+
+
+def validate_labels(labels: object, field_name: str = "labels") -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise InvalidArgument(field_name, "must map strings to strings")
+    if len(labels) > 64:
+        raise InvalidArgument(field_name, f"at most 64 labels, got {len(labels)}")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not _LABEL_KEY.match(k):
+            raise InvalidArgument(f"{field_name}[{k!r}]", "keys are 1..63 lower-case letters, digits, '_' or '-', starting with a letter")
+        if not isinstance(v, str) or not _LABEL_VALUE.match(v):
+            raise InvalidArgument(f"{field_name}[{k!r}]", "values are 0..63 lower-case letters, digits, '_' or '-'")
+    return dict(labels)
+
+
+def validate_ack_deadline(seconds: object, field_name: str = "ack_deadline_seconds") -> int:
+    """10..600 seconds; 0 (or None) means the default of 10 seconds, as in Pub/Sub."""
+    if seconds is None or seconds == 0:
+        return DEFAULT_ACK_DEADLINE
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise InvalidArgument(field_name, f"must be an integer number of seconds, got {seconds!r}")
+    if not MIN_ACK_DEADLINE <= seconds <= MAX_ACK_DEADLINE:
+        raise InvalidArgument(field_name, f"must be between {MIN_ACK_DEADLINE} and {MAX_ACK_DEADLINE} seconds, got {seconds}")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    name: str
+    topic: str
+    push_config: PushConfig = field(default_factory=PushConfig)
+    ack_deadline_seconds: int = DEFAULT_ACK_DEADLINE
+    labels: Mapping[str, str] = field(default_factory=dict)
+    enable_message_ordering: bool = False
+
+    @classmethod
+    def coerce(cls, value: "Subscription | Mapping[str, Any]") -> "Subscription":
+        if isinstance(value, Subscription):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgument("subscription", f"must be a Subscription or a dict, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(value) - known
+        if unknown:
+            raise InvalidArgument("subscription", f"unknown fields {sorted(unknown)}; known: {sorted(known)}")
+        data = dict(value)
+        if "push_config" in data:
+            data["push_config"] = PushConfig.coerce(data["push_config"])
+        return cls(**data)
+
+    def with_changes(self, **changes: Any) -> "Subscription":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControl:
+    """Limits on what a streaming pull holds at once, and how leases are extended."""
+
+    max_bytes: int = 100 * 1024 * 1024
+    max_messages: int = 1000
+    max_lease_duration: float = 3600.0
+    min_duration_per_lease_extension: float = 0.0
+    max_duration_per_lease_extension: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "max_messages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidArgument(f"flow_control.{name}", f"must be an integer >= 1, got {v!r}")
+        for name in ("max_lease_duration", "min_duration_per_lease_extension", "max_duration_per_lease_extension"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise InvalidArgument(f"flow_control.{name}", f"must be a number >= 0, got {v!r}")
+        if self.min_duration_per_lease_extension and not 10 <= self.min_duration_per_lease_extension <= 600:
+            raise InvalidArgument("flow_control.min_duration_per_lease_extension", "must be 0 (unset) or 10..600 seconds")
+        if self.max_duration_per_lease_extension and not 10 <= self.max_duration_per_lease_extension <= 600:
+            raise InvalidArgument("flow_control.max_duration_per_lease_extension", "must be 0 (unset) or 10..600 seconds")
+        if (
+            self.min_duration_per_lease_extension
+            and self.max_duration_per_lease_extension
+            and self.min_duration_per_lease_extension > self.max_duration_per_lease_extension
+        ):
+            raise InvalidArgument(
+                "flow_control.min_duration_per_lease_extension", "must not exceed max_duration_per_lease_extension"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """How PublisherClient.publish groups messages into one Delta commit."""
+
+    max_bytes: int = 1_000_000
+    max_latency: float = 0.01
+    max_messages: int = 100
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 1:
+            raise InvalidArgument("batch_settings.max_bytes", f"must be an integer >= 1, got {self.max_bytes!r}")
+        if isinstance(self.max_messages, bool) or not isinstance(self.max_messages, int) or not 1 <= self.max_messages <= 100_000:
+            raise InvalidArgument("batch_settings.max_messages", f"must be an integer 1..100000, got {self.max_messages!r}")
+        if not isinstance(self.max_latency, (int, float)) or self.max_latency < 0:
+            raise InvalidArgument("batch_settings.max_latency", f"must be a number of seconds >= 0, got {self.max_latency!r}")

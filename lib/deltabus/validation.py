@@ -1,0 +1,114 @@
+"""Pub/Sub's message limits, checked before anything is written."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .errors import InvalidArgument
+
+MAX_DATA_BYTES = 10_000_000
+MAX_ATTRIBUTES = 100
+MAX_ATTRIBUTE_KEY_BYTES = 256
+MAX_ATTRIBUTE_VALUE_BYTES = 1024
+MAX_ORDERING_KEY_BYTES = 1024
+
+
+def check_message(data: Any, attributes: Any, ordering_key: Any, where: str = "message") -> int:
+    """Validate one message; return its size in bytes. Raise InvalidArgument naming the field."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(f"{where}.data", f"must be bytes, got {type(data).__name__} (encode text first)")
+    size = len(data)
+    if size > MAX_DATA_BYTES:
+        raise InvalidArgument(f"{where}.data", f"must be at most {MAX_DATA_BYTES} bytes, got {size}")
+    if attributes is None:
+        attributes = {}
+    if not isinstance(attributes, Mapping):
+        raise InvalidArgument(f"{where}.attributes", f"must map strings to strings, got {type(attributes).__name__}")
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise InvalidArgument(f"{where}.attributes", f"at most {MAX_ATTRIBUTES} attributes, got {len(attributes)}")
+    for k, v in attributes.items():
+        if not isinstance(k, str):
+            raise InvalidArgument(f"{where}.attributes", f"keys must be strings, got {type(k).__name__}")
+        if not isinstance(v, str):
+            raise InvalidArgument(f"{where}.attributes[{k!r}]", f"values must be strings, got {type(v).__name__}")
+        kb = len(k.encode("utf-8"))
+        if kb == 0:
+            raise InvalidArgument(f"{where}.attributes", "keys must not be empty")
+        if kb > MAX_ATTRIBUTE_KEY_BYTES:
+            raise InvalidArgument(f"{where}.attributes", f"keys must be at most {MAX_ATTRIBUTE_KEY_BYTES} bytes, got {kb}")
+        if k.startswith("goog"):
+            raise InvalidArgument(f"{where}.attributes[{k!r}]", "keys starting with 'goog' are reserved")
+        vb = len(v.encode("utf-8"))
+        if vb > MAX_ATTRIBUTE_VALUE_BYTES:
+            raise InvalidArgument(f"{where}.attributes[{k!r}]", f"values must be at most {MAX_ATTRIBUTE_VALUE_BYTES} bytes, got {vb}")
+        size += kb + vb
+    if size == 0 and not attributes:
+        raise InvalidArgument(where, "a message needs non-empty data or at least one attribute")
+    if ordering_key is None:
+        ordering_key = ""
+    if not isinstance(ordering_key, str):
+        raise InvalidArgument(f"{where}.ordering_key", f"must be a string, got {type(ordering_key).__name__}")
+    okb = len(ordering_key.encode("utf-8"))
+    if okb > MAX_ORDERING_KEY_BYTES:
+        raise InvalidArgument(f"{where}.ordering_key", f"must be at most {MAX_ORDERING_KEY_BYTES} bytes, got {okb}")
+    return size
+
+
+def check_arrow(table: "pa.Table", where: str = "dataframe") -> "pa.Array":
+    """Validate a table of data (binary), attributes (map<string,string>), ordering_key (string).
+
+    Vectorised version of check_message for DataFrames; returns each row's size in bytes.
+    Raises InvalidArgument naming the column, the rule and the first offending row.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def first_bad(mask: "pa.Array") -> int:
+        return int(np.flatnonzero(np.asarray(mask.fill_null(False)))[0])
+
+    n = table.num_rows
+    data = table["data"].combine_chunks()
+    data_len = pc.binary_length(data).fill_null(0)
+    too_big = pc.greater(data_len, MAX_DATA_BYTES)
+    if pc.any(too_big).as_py():
+        i = first_bad(too_big)
+        raise InvalidArgument(f"{where}.data[row {i}]", f"must be at most {MAX_DATA_BYTES} bytes, got {data_len[i].as_py()}")
+
+    attrs = table["attributes"].combine_chunks()
+    counts = pc.list_value_length(attrs).fill_null(0)
+    too_many = pc.greater(counts, MAX_ATTRIBUTES)
+    if pc.any(too_many).as_py():
+        i = first_bad(too_many)
+        raise InvalidArgument(f"{where}.attributes[row {i}]", f"at most {MAX_ATTRIBUTES} attributes, got {counts[i].as_py()}")
+    attr_bytes = np.zeros(n, dtype=np.int64)
+    if len(attrs.keys):
+        parents = np.asarray(pc.list_parent_indices(attrs))
+        keys, values = attrs.keys, attrs.items
+        key_len = pc.binary_length(keys)
+        bad_checks = [
+            (pc.equal(key_len, 0), "keys must not be empty"),
+            (pc.greater(key_len, MAX_ATTRIBUTE_KEY_BYTES), f"keys must be at most {MAX_ATTRIBUTE_KEY_BYTES} bytes"),
+            (pc.starts_with(keys, "goog"), "keys starting with 'goog' are reserved"),
+            (pc.is_null(values), "values must not be null"),
+            (pc.greater(pc.binary_length(values), MAX_ATTRIBUTE_VALUE_BYTES), f"values must be at most {MAX_ATTRIBUTE_VALUE_BYTES} bytes"),
+        ]
+        for mask, rule in bad_checks:
+            if pc.any(mask).as_py():
+                j = first_bad(mask)
+                raise InvalidArgument(f"{where}.attributes[row {int(parents[j])}][{keys[j].as_py()!r}]", rule)
+        per_entry = np.asarray(key_len, dtype=np.int64) + np.asarray(pc.binary_length(values).fill_null(0), dtype=np.int64)
+        attr_bytes = np.bincount(parents, weights=per_entry, minlength=n).astype(np.int64)
+    size = np.asarray(data_len, dtype=np.int64) + attr_bytes
+    empty = (size == 0) & (np.asarray(counts) == 0)
+    if empty.any():
+        i = int(np.flatnonzero(empty)[0])
+        raise InvalidArgument(f"{where}[row {i}]", "a message needs non-empty data or at least one attribute")
+
+    okey = table["ordering_key"].combine_chunks()
+    okey_len = pc.binary_length(okey).fill_null(0)
+    too_long = pc.greater(okey_len, MAX_ORDERING_KEY_BYTES)
+    if pc.any(too_long).as_py():
+        i = first_bad(too_long)
+        raise InvalidArgument(f"{where}.ordering_key[row {i}]", f"must be at most {MAX_ORDERING_KEY_BYTES} bytes")
+    return pa.array(size, pa.int64())
