@@ -76,15 +76,17 @@ def check_arrow(table: "pa.Table", where: str = "dataframe") -> "pa.Array":
         raise InvalidArgument(f"{where}.data[row {i}]", f"must be at most {MAX_DATA_BYTES} bytes, got {data_len[i].as_py()}")
 
     attrs = table["attributes"].combine_chunks()
-    counts = pc.list_value_length(attrs).fill_null(0)
+    offsets = np.asarray(attrs.offsets, dtype=np.int64)
+    counts = pa.array(np.diff(offsets), pa.int64())  # null maps have zero entries
     too_many = pc.greater(counts, MAX_ATTRIBUTES)
     if pc.any(too_many).as_py():
         i = first_bad(too_many)
         raise InvalidArgument(f"{where}.attributes[row {i}]", f"at most {MAX_ATTRIBUTES} attributes, got {counts[i].as_py()}")
     attr_bytes = np.zeros(n, dtype=np.int64)
-    if len(attrs.keys):
-        parents = np.asarray(pc.list_parent_indices(attrs))
-        keys, values = attrs.keys, attrs.items
+    if offsets[-1] > offsets[0]:
+        parents = np.repeat(np.arange(n), np.asarray(counts))
+        keys = attrs.keys.slice(offsets[0], offsets[-1] - offsets[0])
+        values = attrs.items.slice(offsets[0], offsets[-1] - offsets[0])
         key_len = pc.binary_length(keys)
         bad_checks = [
             (pc.equal(key_len, 0), "keys must not be empty"),

@@ -79,6 +79,9 @@ class DeltaRsSnapshot:
     def delete(self, predicate: str) -> None:
         self._dt.delete(predicate)
 
+    def overwrite(self, data: pa.Table) -> None:
+        write_deltalake(self._dt, data, mode="overwrite")
+
     def txn_version(self, app_id: str) -> int | None:
         return self._dt.transaction_version(app_id)
 

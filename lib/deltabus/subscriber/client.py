@@ -10,7 +10,7 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import ackid, leasing, names
+from .. import ackid, backlog, leasing, names
 from .._common import ClientBase
 from .._requests import fields, required
 from ..errors import FailedPrecondition, InvalidArgument
@@ -279,6 +279,19 @@ class SubscriberClient(ClientBase):
         if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_ACK_DEADLINE:
             raise InvalidArgument("ack_deadline_seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds!r}")
         self._modify_deadline(name, required(f, "ack_ids", "modify_ack_deadline"), seconds)
+
+    # -- backlog ---------------------------------------------------------------------
+    def get_backlog(self, subscription: str) -> "backlog.BacklogStats":
+        """Backlog figures of one subscription, computed now from the lease state."""
+        rec = self._sub(subscription)
+        return backlog.compute(self._engine, rec, self._clock())
+
+    def refresh_backlog(self) -> list["backlog.BacklogStats"]:
+        """Compute every subscription's backlog and write it to the ``backlog`` table."""
+        now = self._clock()
+        stats = [backlog.compute(self._engine, rec, now) for _, rec in sorted(self._registry.subscriptions().items())]
+        backlog.write(self._engine, stats)
+        return stats
 
     # -- streaming pull -------------------------------------------------------------
     def subscribe(

@@ -1,0 +1,24 @@
+import pytest
+
+from deltabus import InvalidArgument
+from deltabus import ackid
+from deltabus import ids
+
+
+def test_round_trip():
+    a = ackid.encode("s0123", "17000000000000000000000000000001", 3)
+    assert ackid.decode(a) == ("s0123", "17000000000000000000000000000001", 3)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "s.1", "s.x.1", "s.1.y", 5, None])
+def test_malformed(bad):
+    with pytest.raises(InvalidArgument):
+        ackid.decode(bad, "ack_ids[0]")
+
+
+def test_message_ids_sort_by_time_then_index():
+    a = ids.message_ids(ids.batch_prefix(1_000, nonce=99), 3)
+    b = ids.message_ids(ids.batch_prefix(2_000, nonce=1), 1)
+    assert a == sorted(a) and a[-1] < b[0]
+    assert len(set(a + b)) == 4
+    assert all(len(x) == 32 and x.isdigit() for x in a + b)

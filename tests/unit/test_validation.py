@@ -1,0 +1,74 @@
+import pyarrow as pa
+import pytest
+
+from deltabus import InvalidArgument
+from deltabus.storage.tables import STR_MAP
+from deltabus.validation import (
+    MAX_ATTRIBUTE_KEY_BYTES,
+    MAX_ATTRIBUTE_VALUE_BYTES,
+    MAX_ATTRIBUTES,
+    MAX_DATA_BYTES,
+    check_arrow,
+    check_message,
+)
+
+
+def test_size_counts_data_and_attributes():
+    assert check_message(b"abc", {"k": "vv"}, "") == 3 + 1 + 2
+    assert check_message(b"", {"k": ""}, None) == 1
+
+
+def test_limits_are_inclusive():
+    check_message(b"x" * MAX_DATA_BYTES, {}, "")
+    check_message(b"", {f"k{i}": "v" for i in range(MAX_ATTRIBUTES)}, "")
+    check_message(b"", {"k" * MAX_ATTRIBUTE_KEY_BYTES: "v" * MAX_ATTRIBUTE_VALUE_BYTES}, "")
+
+
+@pytest.mark.parametrize(
+    "data, attrs, okey, field, words",
+    [
+        ("text", {}, "", "message.data", "must be bytes"),
+        (b"x" * (MAX_DATA_BYTES + 1), {}, "", "message.data", "at most 10000000 bytes"),
+        (b"", {}, "", "message", "non-empty data or at least one attribute"),
+        (b"x", {f"k{i}": "v" for i in range(MAX_ATTRIBUTES + 1)}, "", "message.attributes", "at most 100"),
+        (b"x", {"k" * (MAX_ATTRIBUTE_KEY_BYTES + 1): "v"}, "", "message.attributes", "at most 256 bytes"),
+        (b"x", {"k": "v" * (MAX_ATTRIBUTE_VALUE_BYTES + 1)}, "", "message.attributes['k']", "at most 1024 bytes"),
+        (b"x", {"k": 1}, "", "message.attributes['k']", "must be strings"),
+        (b"x", {"": "v"}, "", "message.attributes", "must not be empty"),
+        (b"x", {"googfoo": "v"}, "", "message.attributes['googfoo']", "reserved"),
+        (b"x", [("k", "v")], "", "message.attributes", "must map strings"),
+        (b"x", {}, "k" * 1025, "message.ordering_key", "at most 1024 bytes"),
+        (b"x", {}, 5, "message.ordering_key", "must be a string"),
+    ],
+)
+def test_each_rule_names_field(data, attrs, okey, field, words):
+    with pytest.raises(InvalidArgument) as e:
+        check_message(data, attrs, okey)
+    assert e.value.field == field
+    assert words in e.value.rule
+
+
+def _table(data, attrs, okeys):
+    return pa.table({"data": pa.array(data, pa.binary()), "attributes": pa.array(attrs, STR_MAP), "ordering_key": pa.array(okeys, pa.string())})
+
+
+def test_arrow_sizes_match_scalar_rule():
+    t = _table([b"abc", b"", b"z"], [[("k", "vv")], [("a", "")], None], ["", "", "o"])
+    assert check_arrow(t).to_pylist() == [6, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "data, attrs, field, words",
+    [
+        ([b"ok", b""], [None, None], "dataframe[row 1]", "non-empty data"),
+        ([b"ok", b"x"], [None, [("goog", "v")]], "dataframe.attributes[row 1]['goog']", "reserved"),
+        ([b"ok", b"x"], [None, [("k", None)]], "dataframe.attributes[row 1]['k']", "must not be null"),
+        ([b"ok", b"x"], [None, [("k", "v" * 1025)]], "dataframe.attributes[row 1]['k']", "at most 1024"),
+        ([b"ok", b"x"], [None, [(f"k{i}", "v") for i in range(101)]], "dataframe.attributes[row 1]", "at most 100"),
+    ],
+)
+def test_arrow_rules_name_row(data, attrs, field, words):
+    with pytest.raises(InvalidArgument) as e:
+        check_arrow(_table(data, attrs, ["", ""]))
+    assert e.value.field == field
+    assert words in e.value.rule
