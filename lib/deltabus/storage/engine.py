@@ -57,6 +57,7 @@ class Snapshot(Protocol):
         columns: Sequence[str] | None = None,
         partition: str | None = None,
         filter: pc.Expression | None = None,
+        prune: str | None = None,
     ) -> pa.Table: ...
 
     def merge(

@@ -1,0 +1,73 @@
+"""The README's first command: a topic, a pull subscription, publish, pull, ack, backlog."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from . import AlreadyExists, PublisherClient, SubscriberClient, types
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+Say = Callable[[str], None]
+
+
+def _drain(sub: SubscriberClient, path: str, say: Say) -> int:
+    total = 0
+    while True:
+        got = sub.pull(subscription=path, max_messages=1000, return_immediately=True).received_messages
+        if not got:
+            return total
+        if total == 0:
+            r = got[0]
+            say(
+                f"  first message: id={r.message.message_id} data={r.message.data[:40]!r} "
+                f"attributes={dict(r.message.attributes)} attempt={r.delivery_attempt}"
+            )
+        sub.acknowledge(subscription=path, ack_ids=[r.ack_id for r in got])
+        total += len(got)
+        say(f"  pulled and acked {len(got)} (total {total})")
+
+
+def run(spark: "SparkSession", warehouse: str, project: str = "quickstart", say: Say = print) -> dict[str, int]:
+    pub = PublisherClient(warehouse=warehouse)
+    sub = SubscriberClient(warehouse=warehouse)
+    topic = pub.topic_path(project, "orders")
+    path = sub.subscription_path(project, "orders-pull")
+    say(f"warehouse: {pub.engine.warehouse} (engine: {pub.engine.name})")
+    try:
+        pub.create_topic(name=topic)
+        say(f"created topic {topic}")
+    except AlreadyExists:
+        say(f"topic {topic} exists already")
+    try:
+        sub.create_subscription(name=path, topic=topic, ack_deadline_seconds=30)
+        say(f"created pull subscription {path}")
+    except AlreadyExists:
+        say(f"subscription {path} exists already")
+
+    leftover = _drain(sub, path, lambda _: None)
+    if leftover:
+        say(f"acked {leftover} messages left from an earlier run")
+
+    mid = pub.publish(topic, b'{"order": 1, "item": "coffee"}', origin="quickstart").result()
+    say(f"published one message: {mid}")
+    ids = pub.publish_batch(
+        topic, [types.PubsubMessage(data=f'{{"order": {i}}}'.encode(), attributes={"batch": "1"}) for i in range(2, 1002)]
+    )
+    say(f"published a batch of {len(ids)} messages in one Delta commit")
+    df = spark.range(100).selectExpr("concat('{\"order\": ', id + 2000, '}') AS data", "map('source', 'spark') AS attributes")
+    n = pub.publish_dataframe(topic, df)
+    say(f"published a Spark DataFrame of {n} rows in one Delta commit")
+    pub.stop()
+
+    before = sub.get_backlog(path)
+    say(f"backlog before pulling: {before.num_undelivered_messages} undelivered, oldest {before.oldest_unacked_message_age:.2f}s old")
+    pulled = _drain(sub, path, say)
+    (after,) = [b for b in sub.refresh_backlog() if b.subscription == path]
+    say(
+        f"backlog after acking: {after.num_unacked_messages} unacked "
+        f"(written to the backlog table at {sub.engine.table_uri('backlog')})"
+    )
+    sub.close()
+    return {"published": 1 + len(ids) + n, "pulled": pulled, "unacked": after.num_unacked_messages}

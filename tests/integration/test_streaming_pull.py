@@ -1,0 +1,155 @@
+import threading
+import time
+
+import pytest
+
+from deltabus import NotFound, SubscriberClient
+from deltabus.types import FlowControl
+
+
+def wait_for(predicate, timeout=30.0, step=0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def test_subscribe_delivers_and_acks_everything(pub, sub, topic, subscription):
+    ids = set(pub.publish_batch(topic, [{"data": f"{i}".encode(), "attributes": {"i": str(i)}} for i in range(300)]))
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def callback(message):
+        assert message.data.decode() == message.attributes["i"]
+        with lock:
+            seen[message.message_id] = seen.get(message.message_id, 0) + 1
+        message.ack()
+
+    future = sub.subscribe(subscription, callback)
+    assert wait_for(lambda: set(seen) == ids)
+    future.cancel()
+    assert future.result(timeout=30) is None and future.cancelled()
+    assert set(seen.values()) == {1}
+    assert wait_for(lambda: sub.get_backlog(subscription).num_unacked_messages == 0)
+
+
+def test_lease_is_extended_while_processing_outlasts_deadline(pub, sub, topic, warehouse):
+    s = sub.subscription_path("local", "slow")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=10)
+    pub.publish_batch(topic, [{"data": b"slow work"}])
+    deliveries = []
+    done = threading.Event()
+
+    def callback(message):
+        deliveries.append((message.message_id, message.delivery_attempt))
+        time.sleep(16)  # well past the 10 s ack deadline
+        message.ack()
+        done.set()
+
+    future = sub.subscribe(s, callback)
+    other = SubscriberClient(warehouse=warehouse)
+    # While the callback runs, another puller must never get the message.
+    stolen = []
+    end = time.monotonic() + 16
+    while time.monotonic() < end and not done.is_set():
+        stolen += other.pull(subscription=s, max_messages=10, return_immediately=True).received_messages
+        time.sleep(0.5)
+    assert done.wait(30)
+    future.cancel()
+    future.result(timeout=30)
+    assert stolen == []
+    assert len(deliveries) == 1 and deliveries[0][1] == 1
+    assert other.pull(subscription=s, max_messages=10, return_immediately=True).received_messages == []
+
+
+def test_flow_control_bounds_outstanding_messages(pub, sub, topic, subscription):
+    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(40)])
+    release = threading.Event()
+    active = 0
+    peak = 0
+    done = []
+    lock = threading.Lock()
+
+    def callback(message):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        release.wait(30)
+        with lock:
+            active -= 1
+            done.append(message.message_id)
+        message.ack()
+
+    future = sub.subscribe(subscription, callback, flow_control=FlowControl(max_messages=5))
+    assert wait_for(lambda: active == 5)
+    time.sleep(0.5)
+    # Only five are leased at all: the other 35 stay undelivered in the subscription.
+    b = sub.get_backlog(subscription)
+    assert (b.num_outstanding_messages, b.num_undelivered_messages) == (5, 35)
+    release.set()
+    assert wait_for(lambda: len(done) == 40)
+    future.cancel()
+    future.result(timeout=30)
+    assert peak == 5
+
+
+def test_cancel_nacks_what_it_held(pub, sub, topic, subscription, warehouse):
+    ids = set(pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(10)]))
+    started = []
+    gate = threading.Event()
+
+    def callback(message):
+        started.append(message.message_id)
+        gate.wait(30)
+
+    future = sub.subscribe(subscription, callback, flow_control=FlowControl(max_messages=10))
+    assert wait_for(lambda: len(started) == 10)
+    future.cancel()
+    future.result(timeout=30)
+    gate.set()
+    # Nacked at cancel: available at once, well before the 10 s deadline.
+    other = SubscriberClient(warehouse=warehouse)
+    got = other.pull(subscription=subscription, max_messages=20, return_immediately=True).received_messages
+    assert {r.message.message_id for r in got} == ids
+    assert {r.delivery_attempt for r in got} == {2}
+
+
+def test_nack_and_callback_errors_redeliver(pub, sub, topic, subscription):
+    pub.publish_batch(topic, [{"data": b"nack me"}, {"data": b"raise"}])
+    attempts: dict[bytes, list[int]] = {}
+
+    def callback(message):
+        attempts.setdefault(message.data, []).append(message.delivery_attempt)
+        if message.delivery_attempt >= 3:
+            message.ack()
+        elif message.data == b"raise":
+            raise RuntimeError("boom")
+        else:
+            message.nack()
+
+    future = sub.subscribe(subscription, callback)
+    assert wait_for(lambda: all(len(v) >= 3 for v in attempts.values()) and len(attempts) == 2)
+    future.cancel()
+    future.result(timeout=30)
+    assert attempts == {b"nack me": [1, 2, 3], b"raise": [1, 2, 3]}
+
+
+def test_deleted_subscription_ends_the_stream_with_not_found(sub, topic, subscription):
+    future = sub.subscribe(subscription, lambda m: m.ack())
+    sub.delete_subscription(subscription=subscription)
+    with pytest.raises(NotFound):
+        future.result(timeout=30)
+
+
+def test_subscribe_rejects_bad_arguments(sub, subscription):
+    from deltabus import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        sub.subscribe(subscription, "not callable")
+    with pytest.raises(InvalidArgument):
+        sub.subscribe(subscription, print, flow_control=FlowControl(max_messages=0))
+    with pytest.raises(NotFound):
+        sub.subscribe("projects/local/subscriptions/missing", print)
