@@ -153,3 +153,54 @@ def test_subscribe_rejects_bad_arguments(sub, subscription):
         sub.subscribe(subscription, print, flow_control=FlowControl(max_messages=0))
     with pytest.raises(NotFound):
         sub.subscribe("projects/local/subscriptions/missing", print)
+
+
+def test_flow_control_by_bytes(pub, sub, topic, subscription):
+    pub.publish_batch(topic, [{"data": b"x" * 1024} for _ in range(6)])
+    release = threading.Event()
+    active = peak = 0
+    done = []
+    lock = threading.Lock()
+
+    def callback(message):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        release.wait(30)
+        with lock:
+            active -= 1
+            done.append(1)
+        message.ack()
+
+    future = sub.subscribe(subscription, callback, flow_control=FlowControl(max_bytes=2500))
+    assert wait_for(lambda: active == 2)
+    time.sleep(0.5)
+    assert active == 2  # a third 1 KiB message would exceed 2,500 bytes
+    release.set()
+    assert wait_for(lambda: len(done) == 6)
+    future.cancel()
+    future.result(timeout=30)
+    assert peak == 2
+
+
+def test_leases_are_dropped_after_max_lease_duration(pub, sub, topic):
+    s = sub.subscription_path("local", "long-holder")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=10)
+    pub.publish_batch(topic, [{"data": b"held too long"}])
+    gate = threading.Event()
+    deliveries = []
+
+    def callback(message):
+        deliveries.append((message.delivery_attempt, time.monotonic()))
+        gate.wait(60)
+
+    future = sub.subscribe(s, callback, flow_control=FlowControl(max_lease_duration=1))
+    # Not extended after 1 s, so the 10 s deadline runs out and the message comes again.
+    assert wait_for(lambda: len(deliveries) >= 2, timeout=40)
+    gate.set()
+    future.cancel()
+    future.result(timeout=30)
+    (a1, t1), (a2, t2) = deliveries[:2]
+    assert (a1, a2) == (1, 2)
+    assert 8 < t2 - t1 < 25

@@ -70,3 +70,25 @@ def test_recreated_topic_is_a_new_topic(pub, sub, topic):
     got = sub.pull(subscription=old, max_messages=10, return_immediately=True).received_messages
     assert [r.message.data for r in got] == [b"before delete"]
     assert pub.list_topic_subscriptions(topic=topic) == []
+
+
+def test_racing_creates_of_one_name_yield_one_topic(warehouse):
+    import threading
+
+    clients = [PublisherClient(warehouse=warehouse) for _ in range(4)]
+    outcomes = []
+
+    def create(c):
+        try:
+            c.create_topic(name="projects/local/topics/contested")
+            outcomes.append("created")
+        except AlreadyExists:
+            outcomes.append("exists")
+
+    threads = [threading.Thread(target=create, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["created", "exists", "exists", "exists"]
+    assert [t.name for t in clients[0].list_topics(project="local")] == ["projects/local/topics/contested"]
