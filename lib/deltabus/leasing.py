@@ -11,7 +11,7 @@ the same MERGE, so cursor and rows move together.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +27,12 @@ IDLE_CURSOR_LAG = 50
 
 _STATE_COLUMNS = ["message_id", "message_version", "publish_time", "delivery_attempt", "lease_expires"]
 _FANOUT_COLUMNS = ["message_id", "publish_time", "ordering_key", "size_bytes"]
+
+
+# lease_expires of a nacked delivery: long past, so it is available at once and it can
+# be told apart from a lease that merely ran out.
+NACKED_US = 0
+NACKED_SQL = "CAST('1970-01-01T00:00:00.000001Z' AS TIMESTAMP)"
 
 
 def cursor_app_id(sub_uid: str) -> str:
@@ -66,11 +72,18 @@ def read_unfanned(engine: Engine, sub: SubscriptionRecord, first: int, last: int
     return engine.snapshot(MESSAGES.name).changes(first, last, _FANOUT_COLUMNS, partition=sub.topic_uid)
 
 
-def pull(engine: Engine, sub: SubscriptionRecord, *, max_messages: int, lease_seconds: float, now: float) -> list[Lease]:
-    """Lease up to max_messages available messages for lease_seconds; return the leases."""
-    expires = pa.scalar(_us(now + lease_seconds), TS)
+def pull(
+    engine: Engine, sub: SubscriptionRecord, *, max_messages: int, lease_seconds: float, clock: Callable[[], float]
+) -> list[Lease]:
+    """Lease up to max_messages available messages for lease_seconds; return the leases.
+
+    The time is read inside each attempt: a rerun after a conflict leases from its own
+    "now", so a lease is never granted already shortened or expired.
+    """
 
     def fn(snap: Snapshot) -> list[Lease]:
+        now = clock()
+        expires = pa.scalar(_us(now + lease_seconds), TS)
         cursor, latest = pending_range(engine, snap, sub)
         end = min(latest, cursor + MAX_FANOUT_VERSIONS)
         fresh = read_unfanned(engine, sub, cursor + 1, end)
@@ -86,7 +99,9 @@ def pull(engine: Engine, sub: SubscriptionRecord, *, max_messages: int, lease_se
             fresh = fresh.take(order)
         n_fresh_leased = min(room, fresh.num_rows)
 
-        if available.num_rows == 0 and fresh.num_rows == 0 and end - cursor < IDLE_CURSOR_LAG:
+        if available.num_rows == 0 and fresh.num_rows == 0:
+            if end - cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
+                snap.commit_txns([(cursor_app_id(sub.sub_uid), end)])
             return []
 
         leased_attempts = pc.add(available["delivery_attempt"], pa.scalar(1, pa.int32()))
@@ -171,20 +186,26 @@ def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[s
 
 
 def modify_deadline(
-    engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]], seconds: float, *, now: float
+    engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]], seconds: float, *, clock: Callable[[], float]
 ) -> int:
-    """Set the lease of the given deliveries to end `seconds` from now (0 = available at once)."""
+    """Set the lease of the given deliveries to end `seconds` from now; 0 is a nack.
+
+    A nack marks the row with the NACKED sentinel, and an extension never applies to a
+    nacked row: a lease extension racing a nack cannot hold the message back. An
+    extension that arrives just after its lease ran out still applies while nobody
+    else has been given the message (the delivery attempt still matches).
+    """
     if not items:
         return 0
-    source = _keyed(items)
-    source = source.append_column("lease_expires", pa.array([_us(now + seconds)] * source.num_rows, TS))
+    keyed = _keyed(items)
+    when = "t.delivery_attempt = s.delivery_attempt AND t.delivery_attempt > 0"
+    if seconds > 0:
+        when += f" AND t.lease_expires > {NACKED_SQL}"
 
     def fn(snap: Snapshot) -> int:
-        m = snap.merge(
-            source,
-            _on(sub.sub_uid),
-            [MatchedUpdate({"lease_expires": "s.lease_expires"}, when="t.delivery_attempt = s.delivery_attempt AND t.delivery_attempt > 0")],
-        )
+        expires = NACKED_US if seconds <= 0 else _us(clock() + seconds)
+        source = keyed.append_column("lease_expires", pa.array([expires] * keyed.num_rows, TS))
+        m = snap.merge(source, _on(sub.sub_uid), [MatchedUpdate({"lease_expires": "s.lease_expires"}, when=when)])
         return int(m.get("num_target_rows_updated", 0))
 
     return engine.transact(DELIVERIES.name, fn, what=f"modify_ack_deadline {sub.name}")

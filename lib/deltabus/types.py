@@ -116,6 +116,10 @@ class PushConfig:
             isinstance(k, str) and isinstance(v, str) for k, v in self.attributes.items()
         ):
             raise InvalidArgument("push_config.attributes", "must map strings to strings")
+        if self.oidc_token is not None and not isinstance(self.oidc_token, OidcToken):
+            raise InvalidArgument("push_config.oidc_token", "must be an OidcToken or a dict with service_account_email and audience")
+        if self.no_wrapper is not None and not isinstance(self.no_wrapper, NoWrapper):
+            raise InvalidArgument("push_config.no_wrapper", "must be a NoWrapper or a dict with write_metadata")
         if (self.oidc_token is not None or self.no_wrapper is not None) and not self.push_endpoint:
             raise InvalidArgument(
                 "push_config", "oidc_token and no_wrapper need a push_endpoint (an empty endpoint means pull)"
@@ -140,16 +144,23 @@ class PushConfig:
             raise InvalidArgument("push_config", f"unknown fields {sorted(unknown)}; known: {sorted(known)}")
         oidc = value.get("oidc_token")
         if isinstance(oidc, Mapping):
-            oidc = OidcToken(**oidc)
+            oidc = OidcToken(**_only(oidc, {"service_account_email", "audience"}, "push_config.oidc_token"))
         nowrap = value.get("no_wrapper")
         if isinstance(nowrap, Mapping):
-            nowrap = NoWrapper(**nowrap)
+            nowrap = NoWrapper(**_only(nowrap, {"write_metadata"}, "push_config.no_wrapper"))
         return cls(
             push_endpoint=value.get("push_endpoint", "") or "",
             attributes=dict(value.get("attributes") or {}),
             oidc_token=oidc,
             no_wrapper=nowrap,
         )
+
+
+def _only(value: Mapping[str, Any], known: set[str], field_name: str) -> dict[str, Any]:
+    unknown = set(value) - known
+    if unknown:
+        raise InvalidArgument(field_name, f"unknown fields {sorted(unknown)}; known: {sorted(known)}")
+    return dict(value)
 
 
 def validate_labels(labels: object, field_name: str = "labels") -> dict[str, str]:
@@ -169,9 +180,11 @@ def validate_labels(labels: object, field_name: str = "labels") -> dict[str, str
 
 def validate_ack_deadline(seconds: object, field_name: str = "ack_deadline_seconds") -> int:
     """10..600 seconds; 0 (or None) means the default of 10 seconds, as in Pub/Sub."""
+    if isinstance(seconds, bool) or (seconds is not None and not isinstance(seconds, int)):
+        raise InvalidArgument(field_name, f"must be an integer number of seconds, got {seconds!r}")
     if seconds is None or seconds == 0:
         return DEFAULT_ACK_DEADLINE
-    if isinstance(seconds, bool) or not isinstance(seconds, int):
+    if not isinstance(seconds, int):
         raise InvalidArgument(field_name, f"must be an integer number of seconds, got {seconds!r}")
     if not MIN_ACK_DEADLINE <= seconds <= MAX_ACK_DEADLINE:
         raise InvalidArgument(field_name, f"must be between {MIN_ACK_DEADLINE} and {MAX_ACK_DEADLINE} seconds, got {seconds}")

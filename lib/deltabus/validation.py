@@ -13,11 +13,18 @@ MAX_ATTRIBUTE_VALUE_BYTES = 1024
 MAX_ORDERING_KEY_BYTES = 1024
 
 
+def _utf8_len(text: str, field: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(field, "must be valid Unicode text (no lone surrogates)") from None
+
+
 def check_message(data: Any, attributes: Any, ordering_key: Any, where: str = "message") -> int:
     """Validate one message; return its size in bytes. Raise InvalidArgument naming the field."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidArgument(f"{where}.data", f"must be bytes, got {type(data).__name__} (encode text first)")
-    size = len(data)
+    size = memoryview(data).nbytes  # bytes, whatever the item size of a memoryview
     if size > MAX_DATA_BYTES:
         raise InvalidArgument(f"{where}.data", f"must be at most {MAX_DATA_BYTES} bytes, got {size}")
     if attributes is None:
@@ -31,14 +38,14 @@ def check_message(data: Any, attributes: Any, ordering_key: Any, where: str = "m
             raise InvalidArgument(f"{where}.attributes", f"keys must be strings, got {type(k).__name__}")
         if not isinstance(v, str):
             raise InvalidArgument(f"{where}.attributes[{k!r}]", f"values must be strings, got {type(v).__name__}")
-        kb = len(k.encode("utf-8"))
+        kb = _utf8_len(k, f"{where}.attributes")
         if kb == 0:
             raise InvalidArgument(f"{where}.attributes", "keys must not be empty")
         if kb > MAX_ATTRIBUTE_KEY_BYTES:
             raise InvalidArgument(f"{where}.attributes", f"keys must be at most {MAX_ATTRIBUTE_KEY_BYTES} bytes, got {kb}")
         if k.startswith("goog"):
             raise InvalidArgument(f"{where}.attributes[{k!r}]", "keys starting with 'goog' are reserved")
-        vb = len(v.encode("utf-8"))
+        vb = _utf8_len(v, f"{where}.attributes[{k!r}]")
         if vb > MAX_ATTRIBUTE_VALUE_BYTES:
             raise InvalidArgument(f"{where}.attributes[{k!r}]", f"values must be at most {MAX_ATTRIBUTE_VALUE_BYTES} bytes, got {vb}")
         size += kb + vb
@@ -48,7 +55,7 @@ def check_message(data: Any, attributes: Any, ordering_key: Any, where: str = "m
         ordering_key = ""
     if not isinstance(ordering_key, str):
         raise InvalidArgument(f"{where}.ordering_key", f"must be a string, got {type(ordering_key).__name__}")
-    okb = len(ordering_key.encode("utf-8"))
+    okb = _utf8_len(ordering_key, f"{where}.ordering_key")
     if okb > MAX_ORDERING_KEY_BYTES:
         raise InvalidArgument(f"{where}.ordering_key", f"must be at most {MAX_ORDERING_KEY_BYTES} bytes, got {okb}")
     return size

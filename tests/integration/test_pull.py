@@ -183,6 +183,8 @@ def test_pull_on_push_subscription_is_refused(sub, topic):
         ("acknowledge", {"ack_ids": "s1.2.3"}, "ack_ids"),
         ("modify_ack_deadline", {"ack_ids": ["s1.2.3"], "ack_deadline_seconds": 601}, "ack_deadline_seconds"),
         ("modify_ack_deadline", {"ack_ids": ["s1.2.3"], "ack_deadline_seconds": -1}, "ack_deadline_seconds"),
+        ("acknowledge", {"ack_ids": [f"s1.2.{2**40}"]}, "ack_ids[0]"),
+        ("pull", {"max_messages": 1, "timeout": "x"}, "timeout"),
     ],
 )
 def test_bad_pull_requests_write_nothing(pub, sub, topic, subscription, warehouse, call, kwargs, field):
@@ -212,3 +214,31 @@ def test_backlog_figures(pub, csub, clock, topic, subscription):
 
     stored = DeltaTable(f"{csub.engine.table_uri('backlog')}").to_pyarrow_table().to_pylist()
     assert [(r["subscription"], r["num_undelivered_messages"], r["expired_ack_deadlines"]) for r in stored] == [(subscription, 6, 3)]
+
+
+def test_idle_cursor_moves_past_versions_of_other_topics(pub, sub, topic, subscription, warehouse):
+    from deltalake import DeltaTable
+
+    from deltabus.leasing import IDLE_CURSOR_LAG, cursor_app_id
+
+    other = pub.topic_path("local", "other-topic")
+    pub.create_topic(name=other)
+    for _ in range(IDLE_CURSOR_LAG + 5):
+        pub.publish_batch(other, [{"data": b"not for us"}])
+    assert pull_all(sub, subscription) == []
+    uid = sub._registry.subscription(subscription).sub_uid
+    cursor = DeltaTable(f"{warehouse}/deliveries").transaction_version(cursor_app_id(uid))
+    assert cursor == DeltaTable(f"{warehouse}/messages").version()
+    mid = pub.publish_batch(topic, [{"data": b"ours"}])[0]
+    assert [r.message.message_id for r in pull_all(sub, subscription)] == [mid]
+
+
+def test_extension_cannot_revive_a_nacked_message(pub, csub, clock, topic, subscription):
+    pub.publish_batch(topic, [{"data": b"x"}, {"data": b"y"}])
+    a, b = pull_all(csub, subscription)
+    csub.modify_ack_deadline(subscription=subscription, ack_ids=[a.ack_id], ack_deadline_seconds=0)  # nack
+    csub.modify_ack_deadline(subscription=subscription, ack_ids=[a.ack_id], ack_deadline_seconds=600)  # racing extension
+    clock.advance(11)  # b's lease ran out, but nobody has taken it: a late extension still holds it
+    csub.modify_ack_deadline(subscription=subscription, ack_ids=[b.ack_id], ack_deadline_seconds=600)
+    (again,) = pull_all(csub, subscription)
+    assert again.message.message_id == a.message.message_id and again.delivery_attempt == 2

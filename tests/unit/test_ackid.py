@@ -10,7 +10,7 @@ def test_round_trip():
     assert ackid.decode(a) == ("s0123", "17000000000000000000000000000001", 3)
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "s.1", "s.x.1", "s.1.y", 5, None])
+@pytest.mark.parametrize("bad", ["", "abc", "s.1", "s.x.1", "s.1.y", "s.1.0", "s.1.²", f"s.1.{2**40}", "s/x.1.1", 5, None])
 def test_malformed(bad):
     with pytest.raises(InvalidArgument):
         ackid.decode(bad, "ack_ids[0]")

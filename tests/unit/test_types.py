@@ -36,6 +36,10 @@ def test_push_config_from_pubsub_json_shape():
         ({"push_endpoint": "", "no_wrapper": {"write_metadata": False}}, "push_config"),
         ({"push_endpoint": "https://x", "no_wrapper": {"write_metadata": "yes"}}, "push_config.no_wrapper.write_metadata"),
         ({"endpoint": "https://x"}, "push_config"),
+        ({"push_endpoint": "https://x", "oidc_token": {"service_account_email": "a@b", "aud": "x"}}, "push_config.oidc_token"),
+        ({"push_endpoint": "https://x", "oidc_token": "a@b"}, "push_config.oidc_token"),
+        ({"push_endpoint": "https://x", "no_wrapper": True}, "push_config.no_wrapper"),
+        ({"push_endpoint": "https://x", "no_wrapper": {"write_metadata": True, "x": 1}}, "push_config.no_wrapper"),
     ],
 )
 def test_push_config_rules(value, field):
@@ -48,7 +52,7 @@ def test_ack_deadline_range():
     assert validate_ack_deadline(None) == 10
     assert validate_ack_deadline(0) == 10
     assert validate_ack_deadline(600) == 600
-    for bad in (9, 601, -1, 10.5, True, "10"):
+    for bad in (9, 601, -1, 10.5, True, False, "10"):
         with pytest.raises(InvalidArgument) as e:
             validate_ack_deadline(bad)
         assert e.value.field == "ack_deadline_seconds"

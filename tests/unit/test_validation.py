@@ -72,3 +72,22 @@ def test_arrow_rules_name_row(data, attrs, field, words):
         check_arrow(_table(data, attrs, ["", ""]))
     assert e.value.field == field
     assert words in e.value.rule
+
+
+def test_memoryview_size_counts_bytes_not_items():
+    import array
+
+    view = memoryview(array.array("q", [0] * 1_300_000))  # 10.4 MB in 1.3M items
+    with pytest.raises(InvalidArgument) as e:
+        check_message(view, {}, "")
+    assert e.value.field == "message.data"
+
+
+@pytest.mark.parametrize(
+    "attrs, okey, field",
+    [({"k": "\ud800"}, "", "message.attributes['k']"), ({"\ud800": "v"}, "", "message.attributes"), ({"k": "v"}, "\udfff", "message.ordering_key")],
+)
+def test_lone_surrogates_are_invalid_argument(attrs, okey, field):
+    with pytest.raises(InvalidArgument) as e:
+        check_message(b"x", attrs, okey)
+    assert e.value.field == field

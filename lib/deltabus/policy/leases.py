@@ -9,9 +9,9 @@ from .histogram import MAX_SECONDS, MIN_SECONDS
 
 K = TypeVar("K")
 
-# The leaser wakes at a random point no later than this fraction of the deadline,
-# so that an extension always lands before the previous one runs out.
-MAX_SLEEP_FRACTION = 0.9
+# The leaser wakes at a random point no later than this fraction of the deadline, so an
+# extension lands before the previous one runs out even when its commit has to retry.
+MAX_SLEEP_FRACTION = 0.7
 MIN_SLEEP = 0.01
 
 

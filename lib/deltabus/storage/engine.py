@@ -65,8 +65,10 @@ class Snapshot(Protocol):
         source: pa.Table,
         on: str,
         clauses: Sequence[Clause],
-        app_txn: tuple[str, int] | None = None,
+        app_txn: tuple[str, int] | Sequence[tuple[str, int]] | None = None,
     ) -> Mapping[str, int]: ...
+
+    def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None: ...
 
     def delete(self, predicate: str) -> None: ...
 

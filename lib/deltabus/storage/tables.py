@@ -128,6 +128,13 @@ BACKLOG = TableSpec(
             pa.field("num_outstanding_messages", pa.int64()),
             pa.field("oldest_unacked_message_age", pa.float64()),
             pa.field("expired_ack_deadlines", pa.int64()),
+            # Push subscriptions only (null for pull): totals since the push job first ran,
+            # and the job's current push window and backoff.
+            pa.field("delivered", pa.int64()),
+            pa.field("acked", pa.int64()),
+            pa.field("nacked", pa.int64()),
+            pa.field("push_window", pa.int64()),
+            pa.field("backoff_seconds", pa.float64()),
             pa.field("updated_at", TS),
         ]
     ),

@@ -186,7 +186,7 @@ class SubscriberClient(ClientBase):
         rec = self._sub(subscription)
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
-        leases = leasing.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, now=self._clock())
+        leases = leasing.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock)
         if not leases:
             return []
         payloads = leasing.fetch_messages(self._engine, rec.topic_uid, [l.message_id for l in leases])
@@ -227,6 +227,8 @@ class SubscriberClient(ClientBase):
         n = required(f, "max_messages", "pull")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PULL_MESSAGES:
             raise InvalidArgument("max_messages", f"must be an integer 1..{MAX_PULL_MESSAGES}, got {n!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise InvalidArgument("timeout", f"must be a number of seconds >= 0, got {timeout!r}")
         wait = DEFAULT_PULL_TIMEOUT if timeout is None else float(timeout)
         give_up = time.monotonic() + wait
         attempt = 0
@@ -253,7 +255,7 @@ class SubscriberClient(ClientBase):
 
     def _modify_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> int:
         rec = self._sub(subscription)
-        return leasing.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, now=self._clock())
+        return leasing.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
 
     def acknowledge(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None, ack_ids: Sequence[str] | None = None) -> None:
         """Ack messages. Ack ids that expired, were superseded or are unknown are ignored."""

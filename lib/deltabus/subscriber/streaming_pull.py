@@ -77,6 +77,10 @@ class StreamingPullManager:
         self._requests: "queue.Queue[tuple[str, str, int]]" = queue.Queue()
         self._stop = threading.Event()
         self._closed = threading.Event()
+        # Orders a callback's request against close(): a request either enters the queue
+        # before the dispatcher's stop sentinel, or is sent directly once closing began.
+        self._submit_lock = threading.Lock()
+        self._closing = False
         self._close_lock = threading.Lock()
         self.future = StreamingPullFuture(self.close)
         self._threads = [
@@ -122,9 +126,11 @@ class StreamingPullManager:
                 self._held.clear()
                 self._on_hold.clear()
                 self._leased_bytes = self._dispatched_bytes = self._dispatched_count = 0
-            for ack_id in held:
-                self._requests.put(("nack", ack_id, 0))
-            self._requests.put(("stop", "", 0))
+            with self._submit_lock:
+                self._closing = True
+                for ack_id in held:
+                    self._requests.put(("nack", ack_id, 0))
+                self._requests.put(("stop", "", 0))
             if self._dispatcher is not threading.current_thread() and self._dispatcher.is_alive():
                 self._dispatcher.join()
             self._closed.set()
@@ -256,18 +262,24 @@ class StreamingPullManager:
                 self._client._modify_deadline(self._subscription, ids, seconds)
         except NotFound:
             log.warning("subscription %s was deleted; dropping %d requests", self._subscription, len(acks) + len(nacks))
+        except Exception as exc:  # keep dispatching: these messages are redelivered after their deadline
+            log.error(
+                "sending %d acks, %d nacks, %d deadline changes for %s failed: %s",
+                len(acks), len(nacks), sum(len(v) for v in modacks.values()), self._subscription, exc,
+            )
 
     # -- RequestSink: called from callbacks ----------------------------------------
     def _submit(self, kind: str, message: Message, seconds: int = 0) -> None:
-        if self._closed.is_set():
-            # The stream is gone; carry the request out directly rather than lose it.
-            self._send(
-                [message.ack_id] if kind == "ack" else [],
-                [message.ack_id] if kind == "nack" else [],
-                {seconds: [message.ack_id]} if kind == "modack" else {},
-            )
-            return
-        self._requests.put((kind, message.ack_id, seconds))
+        with self._submit_lock:
+            if not self._closing:
+                self._requests.put((kind, message.ack_id, seconds))
+                return
+        # The stream is closing or closed; carry the request out directly rather than lose it.
+        self._send(
+            [message.ack_id] if kind == "ack" else [],
+            [message.ack_id] if kind == "nack" else [],
+            {seconds: [message.ack_id]} if kind == "modack" else {},
+        )
 
     def ack(self, message: Message) -> None:
         with self._lock:
