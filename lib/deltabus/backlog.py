@@ -24,6 +24,11 @@ class BacklogStats:
     oldest_unacked_message_age: float  # seconds; 0 when nothing is unacked
     expired_ack_deadlines: int  # delivered, deadline passed or nacked: due for redelivery
     updated_at: dt.datetime
+    delivered: int | None = None  # push only: pushes sent
+    acked: int | None = None
+    nacked: int | None = None  # nacks, errors and timeouts
+    push_window: int | None = None
+    backoff_seconds: float | None = None
 
     @property
     def num_unacked_messages(self) -> int:
@@ -61,5 +66,5 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
 
 def write(engine: Engine, stats: Iterable[BacklogStats]) -> None:
     """Replace the backlog table with these figures (one row per subscription)."""
-    table = pa.Table.from_pylist([asdict(s) for s in stats], schema=BACKLOG.schema)
+    table = pa.Table.from_pylist([{f: asdict(s)[f] for f in BACKLOG.schema.names} for s in stats], schema=BACKLOG.schema)
     engine.transact(BACKLOG.name, lambda snap: snap.overwrite(table), what="refresh backlog")

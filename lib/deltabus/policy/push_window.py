@@ -1,0 +1,51 @@
+"""Push window (slow start): how many pushes a subscription may have outstanding.
+
+Starts at 3. Each ack grows it by one while under 3,000, so a fully acked window
+doubles every round trip (exponential). Past 3,000 it grows linearly, by 300 per fully
+acked round, up to 30,000, and only while the subscription acks more than 99% of pushes
+with an average latency under 1 s; otherwise it falls back to 3,000. A round with
+nacks halves it (never below 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+START = 3
+SLOW_START_LIMIT = 3_000
+MAX_WINDOW = 30_000
+LINEAR_STEP = 300
+EWMA_ALPHA = 0.3
+HEALTHY_LATENCY = 1.0
+HEALTHY_ACK_RATIO = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class PushWindow:
+    size: float = START
+    avg_latency: float = 0.0  # seconds, EWMA over rounds
+    ack_ratio: float = 1.0  # EWMA over rounds
+
+    @property
+    def limit(self) -> int:
+        return max(1, int(self.size))
+
+    def room(self, outstanding: int) -> int:
+        return max(0, self.limit - outstanding)
+
+    def after_round(self, acks: int, nacks: int, mean_latency: float) -> "PushWindow":
+        total = acks + nacks
+        if total == 0:
+            return self
+        latency = (1 - EWMA_ALPHA) * self.avg_latency + EWMA_ALPHA * mean_latency if self.avg_latency else mean_latency
+        ratio = (1 - EWMA_ALPHA) * self.ack_ratio + EWMA_ALPHA * (acks / total)
+        size = self.size
+        if nacks:
+            size = max(1.0, size / 2)
+        elif size < SLOW_START_LIMIT:
+            size = min(float(SLOW_START_LIMIT), size + acks)
+        elif latency < HEALTHY_LATENCY and ratio > HEALTHY_ACK_RATIO:
+            size = min(float(MAX_WINDOW), size + LINEAR_STEP)
+        if size > SLOW_START_LIMIT and (latency > HEALTHY_LATENCY or ratio < HEALTHY_ACK_RATIO):
+            size = float(SLOW_START_LIMIT)
+        return PushWindow(size=size, avg_latency=latency, ack_ratio=ratio)

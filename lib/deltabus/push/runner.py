@@ -1,0 +1,102 @@
+"""Runs the push job's streaming query until it is stopped, idle, or out of time."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..config import Settings
+from ..spark.source import NAME, register
+from .job import DeliveryJob, RunSummary
+from .jwks_server import JwksServer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("deltabus.deliver")
+
+PROGRESS_EVERY = 10.0
+
+
+def _stop_between_batches(query: "StreamingQuery", wait: float = 5.0) -> None:
+    """Stop when no trigger is running: interrupting one mid-flight upsets Spark's stream thread."""
+    end = time.monotonic() + wait
+    while time.monotonic() < end and query.isActive and query.status.get("isTriggerActive"):
+        time.sleep(0.02)
+    query.stop()
+
+
+def _progress(query: "StreamingQuery") -> None:
+    p = query.lastProgress
+    if p:
+        log.info(
+            "spark progress: batch %s, %s input rows, %.1f rows/s, trigger %s ms",
+            p.get("batchId"), p.get("numInputRows"), p.get("processedRowsPerSecond") or 0.0,
+            (p.get("durationMs") or {}).get("triggerExecution"),
+        )
+
+
+def run(
+    spark: "SparkSession",
+    settings: Settings,
+    *,
+    until_idle: bool = False,
+    max_seconds: float | None = None,
+    jwks_port: int | None = None,
+    jwks_host: str = "127.0.0.1",
+    stop: threading.Event | None = None,
+) -> RunSummary:
+    register(spark)
+    job = DeliveryJob(spark, settings, until_idle=until_idle)
+    server = None
+    if jwks_port is not None:
+        tokens = job.tokens()  # creates the signing key on first use
+        server = JwksServer(lambda: tokens.jwks, settings.issuer, host=jwks_host, port=jwks_port).start()
+        log.info("serving the push signing keys at %s", server.jwks_uri)
+    query = (
+        spark.readStream.format(NAME)
+        .load(job.engine.table_uri("messages"))
+        .writeStream.queryName("deltabus-deliver")
+        .foreachBatch(job.on_batch)
+        .option("checkpointLocation", job.checkpoint)
+        .trigger(processingTime=f"{settings.trigger_interval} seconds")
+        .start()
+    )
+    log.info("delivering from %s (checkpoint %s)", job.engine.warehouse, job.checkpoint)
+    started = time.monotonic()
+    last_progress = started
+    try:
+        while True:
+            if query.awaitTermination(0.2):
+                job.summary.stopped_because = "the query ended"
+                break
+            now = time.monotonic()
+            if stop is not None and stop.is_set():
+                job.summary.stopped_because = "stop requested"
+                break
+            if until_idle and job.idle:
+                job.summary.stopped_because = "nothing left to deliver or retry"
+                break
+            if max_seconds is not None and now - started >= max_seconds:
+                job.summary.stopped_because = f"--max-seconds {max_seconds:g} reached"
+                break
+            if now - last_progress >= PROGRESS_EVERY:
+                _progress(query)
+                last_progress = now
+    finally:
+        job.stopping = True
+        _stop_between_batches(query)
+        try:
+            job.drain()
+        finally:
+            job.close()
+            if server is not None:
+                server.stop()
+    log.info(
+        "stopped (%s) after %d batches: delivered %d acked %d nacked %d",
+        job.summary.stopped_because, job.summary.batches, job.summary.delivered, job.summary.acked, job.summary.nacked,
+    )
+    return job.summary

@@ -1,0 +1,85 @@
+"""Real push endpoints for tests: aiohttp servers on 127.0.0.1 in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from aiohttp import web
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Behaviour:
+    """Decides each answer: (status, seconds to sleep first)."""
+
+    respond: Callable[[Received, int], tuple[int, float]] = lambda r, n: (204, 0.0)
+
+
+class Endpoint:
+    def __init__(self, behaviour: Behaviour | None = None) -> None:
+        self.behaviour = behaviour or Behaviour()
+        self.received: list[Received] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/push"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        r = Received(request.path, dict(request.headers), await request.read(), time.time())
+        with self._lock:
+            self.received.append(r)
+            n = len(self.received)
+        status, delay = self.behaviour.respond(r, n)
+        if delay:
+            await asyncio.sleep(delay)
+        return web.Response(status=status)
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=20 * 1024 * 1024)
+        app.router.add_route("POST", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    def __enter__(self) -> "Endpoint":
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)  # type: ignore[union-attr]
+        try:
+            fut.result(5)
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def snapshot(self) -> list[Received]:
+        with self._lock:
+            return list(self.received)

@@ -1,0 +1,64 @@
+"""jobs/deliver.py as users run it: through ./spark-submit.sh, including a crash and restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from deltabus import SubscriberClient
+from tests.conftest import ROOT
+from tests.endpoints import Behaviour, Endpoint
+
+pytestmark = pytest.mark.spark
+
+
+def start_job(warehouse, *args, log_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env["DELTABUS_ALLOW_HTTP"] = "1"
+    log = open(log_path, "ab")
+    return subprocess.Popen(
+        [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", warehouse, "--trigger-interval", "0.2", *args],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+def test_help():
+    out = subprocess.run([sys.executable, str(ROOT / "jobs" / "deliver.py"), "--help"], capture_output=True, text=True, check=True)
+    for flag in ("--warehouse", "--until-idle", "--max-seconds", "--trigger-interval", "--jwks-port"):
+        assert flag in out.stdout
+
+
+def test_sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_path):
+    sub = SubscriberClient(warehouse=warehouse, allow_http=True)
+    with Endpoint(Behaviour(lambda r, n: (200, 0.02))) as ep:
+        s = sub.subscription_path("local", "crashy")
+        sub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
+        published = []
+        for start in range(0, 4000, 1000):
+            published += pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(start, start + 1000)])
+        log_path = tmp_path / "deliver.log"
+        job = start_job(warehouse, log_path=log_path)
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline and len(ep.snapshot()) < 300:
+                assert job.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.1)
+            assert len(ep.snapshot()) >= 300
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)  # the whole job: spark-submit, the JVM, its Python workers
+            job.wait(30)
+        before = {json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()}
+        assert 0 < len(before) < len(published)
+
+        again = start_job(warehouse, "--until-idle", "--max-seconds", "180", log_path=log_path)
+        assert again.wait(240) == 0, log_path.read_text()[-3000:]
+        received = [json.loads(r.body)["message"] for r in ep.snapshot()]
+        assert {m["messageId"] for m in received} == set(published)  # no message lost
+        assert sub.get_backlog(s).num_unacked_messages == 0  # and every one acked
+        assert "nothing left to deliver or retry" in log_path.read_text()

@@ -1,0 +1,51 @@
+import base64
+import datetime as dt
+import json
+
+from deltabus.push.body import ACK_STATUSES, rfc3339, unwrapped_headers, wrapped
+
+T = dt.datetime(2021, 2, 26, 19, 13, 55, 749000, tzinfo=dt.timezone.utc)
+
+
+def test_rfc3339_uses_z_and_minimal_fraction():
+    assert rfc3339(T) == "2021-02-26T19:13:55.749Z"
+    assert rfc3339(T.replace(microsecond=0)) == "2021-02-26T19:13:55Z"
+    assert rfc3339(T.replace(microsecond=123456)) == "2021-02-26T19:13:55.123456Z"
+    other_zone = T.astimezone(dt.timezone(dt.timedelta(hours=2)))
+    assert rfc3339(other_zone) == "2021-02-26T19:13:55.749Z"
+
+
+def test_wrapped_body_minimum_is_byte_exact():
+    body = wrapped(subscription="projects/p/subscriptions/s", message_id="2070443601311540", data=b"Hello there",
+                   attributes={}, publish_time=T, ordering_key="", delivery_attempt=1)
+    assert body == (
+        b'{"message":{"data":"SGVsbG8gdGhlcmU=","messageId":"2070443601311540","message_id":"2070443601311540",'
+        b'"publishTime":"2021-02-26T19:13:55.749Z","publish_time":"2021-02-26T19:13:55.749Z"},'
+        b'"subscription":"projects/p/subscriptions/s","deliveryAttempt":1}'
+    )
+
+
+def test_wrapped_body_maximum():
+    body = wrapped(subscription="projects/p/subscriptions/s", message_id="1", data=b"\x00\xff", attributes={"key": "value", "é": "ü"},
+                   publish_time=T, ordering_key="key", delivery_attempt=5)
+    doc = json.loads(body)
+    assert list(doc) == ["message", "subscription", "deliveryAttempt"]
+    assert list(doc["message"]) == ["data", "attributes", "messageId", "message_id", "publishTime", "publish_time", "orderingKey"]
+    assert base64.b64decode(doc["message"]["data"]) == b"\x00\xff"
+    assert doc["message"]["attributes"] == {"key": "value", "é": "ü"} and doc["deliveryAttempt"] == 5
+
+
+def test_unwrapped_headers():
+    kw = dict(subscription="projects/p/subscriptions/s", message_id="7", attributes={"a": "1"}, publish_time=T)
+    assert unwrapped_headers(ordering_key="", write_metadata=False, **kw) == {}
+    assert unwrapped_headers(ordering_key="ok", write_metadata=True, **kw) == {
+        "x-goog-pubsub-message-id": "7",
+        "x-goog-pubsub-publish-time": "2021-02-26T19:13:55.749Z",
+        "x-goog-pubsub-subscription-name": "projects/p/subscriptions/s",
+        "x-goog-pubsub-ordering-key": "ok",
+        "a": "1",
+    }
+
+
+def test_ack_statuses_are_pubsubs():
+    assert ACK_STATUSES == {102, 200, 201, 202, 204}

@@ -1,0 +1,42 @@
+from deltabus.policy.push_window import MAX_WINDOW, SLOW_START_LIMIT, START, PushWindow
+
+
+def test_starts_at_three():
+    assert PushWindow().limit == START == 3
+    assert PushWindow().room(outstanding=2) == 1
+    assert PushWindow().room(outstanding=5) == 0
+
+
+def test_slow_start_doubles_per_fully_acked_round_up_to_3000():
+    w = PushWindow()
+    sizes = []
+    for _ in range(12):
+        w = w.after_round(acks=w.limit, nacks=0, mean_latency=0.05)
+        sizes.append(w.limit)
+    assert sizes[:5] == [6, 12, 24, 48, 96]
+    i = sizes.index(SLOW_START_LIMIT)  # capped at 3,000 by slow start...
+    assert sizes[i + 1] - sizes[i] == 300  # ...then linear
+
+
+def test_linear_growth_past_3000_while_healthy():
+    w = PushWindow(size=SLOW_START_LIMIT, avg_latency=0.05, ack_ratio=1.0)
+    w1 = w.after_round(3000, 0, 0.05)
+    w2 = w1.after_round(3300, 0, 0.05)
+    assert (w1.limit - w.limit, w2.limit - w1.limit) == (300, 300)
+    big = PushWindow(size=MAX_WINDOW, avg_latency=0.05, ack_ratio=1.0).after_round(30000, 0, 0.05)
+    assert big.limit == MAX_WINDOW
+
+
+def test_nacks_halve_the_window():
+    w = PushWindow(size=100).after_round(acks=90, nacks=10, mean_latency=0.1)
+    assert w.limit == 50
+    assert PushWindow(size=1).after_round(0, 1, 0.1).limit == 1
+
+
+def test_slow_or_unreliable_endpoint_falls_back_to_3000():
+    slow = PushWindow(size=9000, avg_latency=0.2, ack_ratio=1.0)
+    for _ in range(5):
+        slow = slow.after_round(acks=100, nacks=0, mean_latency=3.0)
+    assert slow.limit == SLOW_START_LIMIT
+    flaky = PushWindow(size=9000, avg_latency=0.1, ack_ratio=0.97).after_round(100, 0, 0.1)
+    assert flaky.limit <= SLOW_START_LIMIT
