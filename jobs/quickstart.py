@@ -1,4 +1,5 @@
-"""Quickstart: create a topic and a pull subscription, publish, pull, ack, print what happened.
+"""Quickstart: a topic, a pull subscription (publish, pull, ack) and a push subscription
+to an endpoint on 127.0.0.1 delivered by the push job; prints what happened.
 
     ./spark-submit.sh jobs/quickstart.py [--warehouse PATH]
 """
@@ -24,13 +25,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from deltabus import quickstart
 
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
     spark = SparkSession.builder.appName("deltabus-quickstart").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     try:
         result = quickstart.run(spark, args.warehouse, project=args.project)
     finally:
         spark.stop()
-    ok = result["pulled"] == result["published"] and result["unacked"] == 0
+    ok = result["pulled"] == result["published"] and result["unacked"] == 0 and result["pushed"] == 500
     print("quickstart " + ("OK" if ok else "FAILED") + f": {result}")
     return 0 if ok else 1
 

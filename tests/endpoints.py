@@ -83,3 +83,54 @@ class Endpoint:
     def snapshot(self) -> list[Received]:
         with self._lock:
             return list(self.received)
+
+
+def _serve_forever(port_queue, counter) -> None:  # pragma: no cover - runs in a child process
+    import asyncio as _asyncio
+
+    from aiohttp import web as _web
+
+    async def handle(request: _web.Request) -> _web.Response:
+        await request.read()
+        with counter.get_lock():
+            counter.value += 1
+        return _web.Response(status=204)
+
+    async def main() -> None:
+        app = _web.Application(client_max_size=20 * 1024 * 1024)
+        app.router.add_route("POST", "/{tail:.*}", handle)
+        runner = _web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = _web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        port_queue.put(site._server.sockets[0].getsockname()[1])
+        await _asyncio.Event().wait()
+
+    _asyncio.run(main())
+
+
+class ProcessEndpoint:
+    """An acking endpoint in its own process (no GIL shared with Spark's driver), counting requests."""
+
+    def __enter__(self) -> "ProcessEndpoint":
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        q = ctx.Queue()
+        self.count = ctx.Value("q", 0)
+        self._proc = ctx.Process(target=_serve_forever, args=(q, self.count), daemon=True)
+        self._proc.start()
+        self.port = q.get(timeout=30)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/push"
+
+    @property
+    def received(self) -> int:
+        return self.count.value
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.kill()
+        self._proc.join(5)

@@ -69,5 +69,36 @@ def run(spark: "SparkSession", warehouse: str, project: str = "quickstart", say:
         f"backlog after acking: {after.num_unacked_messages} unacked "
         f"(written to the backlog table at {sub.engine.table_uri('backlog')})"
     )
+    pushed = _push_demo(spark, pub.engine.warehouse, project, say)
     sub.close()
-    return {"published": 1 + len(ids) + n, "pulled": pulled, "unacked": after.num_unacked_messages}
+    return {"published": 1 + len(ids) + n, "pulled": pulled, "unacked": after.num_unacked_messages, "pushed": pushed}
+
+
+def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) -> int:
+    """A push subscription to an endpoint on 127.0.0.1, delivered by the push job until idle."""
+    from .config import Settings
+    from .push import runner
+    from .push.local_endpoint import LocalEndpoint
+
+    pub = PublisherClient(warehouse=warehouse)
+    sub = SubscriberClient(warehouse=warehouse, allow_http=True)  # a local http endpoint: demo only
+    topic = pub.topic_path(project, "orders")
+    path = sub.subscription_path(project, "orders-push")
+    with LocalEndpoint() as endpoint:
+        try:
+            sub.create_subscription(name=path, topic=topic, push_config={"push_endpoint": endpoint.url})
+        except AlreadyExists:
+            sub.modify_push_config(subscription=path, push_config={"push_endpoint": endpoint.url})
+        say(f"push subscription {path} -> {endpoint.url}")
+        ids = pub.publish_batch(topic, [types.PubsubMessage(data=f'{{"push": {i}}}'.encode(), attributes={"via": "push"}) for i in range(500)])
+        say(f"published {len(ids)} messages for the push subscription")
+        summary = runner.run(spark, Settings(warehouse=warehouse, allow_http=True, trigger_interval=0.2), until_idle=True, max_seconds=120)
+        got = {p.message_id for p in endpoint.pushes}
+        say(
+            f"push job: {summary.delivered} pushed, {summary.acked} acked by the endpoint in {summary.batches} micro-batches "
+            f"({summary.stopped_because}); the endpoint received {len(got & set(ids))} of {len(ids)}"
+        )
+        sub.modify_push_config(subscription=path, push_config={})  # its endpoint goes away with us: back to pull
+    pub.stop()
+    sub.close()
+    return len(got & set(ids))

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.spark
 def test_quickstart_publishes_pulls_and_acks_everything(spark, warehouse):
     lines: list[str] = []
     result = quickstart.run(spark, warehouse, say=lines.append)
-    assert result == {"published": 1101, "pulled": 1101, "unacked": 0}
+    assert result == {"published": 1101, "pulled": 1101, "unacked": 0, "pushed": 500}
     assert any("created topic projects/quickstart/topics/orders" in l for l in lines)
     # Running it again on the same warehouse works too.
     again = quickstart.run(spark, warehouse, say=lines.append)

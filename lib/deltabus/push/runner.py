@@ -33,9 +33,9 @@ def _progress(query: "StreamingQuery") -> None:
     p = query.lastProgress
     if p:
         log.info(
-            "spark progress: batch %s, %s input rows, %.1f rows/s, trigger %s ms",
+            "spark progress: batch %s, %s input rows, %.1f rows/s, durations (ms) %s",
             p.get("batchId"), p.get("numInputRows"), p.get("processedRowsPerSecond") or 0.0,
-            (p.get("durationMs") or {}).get("triggerExecution"),
+            p.get("durationMs"),
         )
 
 
