@@ -10,6 +10,8 @@ from typing import Callable
 
 from aiohttp import web
 
+from deltabus._server_thread import ServerThread
+
 
 @dataclass
 class Received:
@@ -31,11 +33,13 @@ class Endpoint:
         self.behaviour = behaviour or Behaviour()
         self.received: list[Received] = []
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        app = web.Application(client_max_size=20 * 1024 * 1024)
+        app.router.add_route("POST", "/{tail:.*}", self._handle)
+        self._server = ServerThread(app, name="test-endpoint")
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     @property
     def url(self) -> str:
@@ -51,34 +55,12 @@ class Endpoint:
             await asyncio.sleep(delay)
         return web.Response(status=status)
 
-    async def _start(self) -> None:
-        app = web.Application(client_max_size=20 * 1024 * 1024)
-        app.router.add_route("POST", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._start())
-        self._ready.set()
-        self._loop.run_forever()
-
     def __enter__(self) -> "Endpoint":
-        self._thread.start()
-        assert self._ready.wait(10)
+        self._server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)  # type: ignore[union-attr]
-        try:
-            fut.result(5)
-        except Exception:
-            pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        self._server.stop()
 
     def snapshot(self) -> list[Received]:
         with self._lock:

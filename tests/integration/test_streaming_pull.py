@@ -7,6 +7,27 @@ from deltabus import NotFound, SubscriberClient
 from deltabus.types import FlowControl
 
 
+class Gate:
+    """A callback that holds each message until released, tracking how many it holds at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.active = 0
+        self.peak = 0
+        self.done: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, message) -> None:
+        with self._lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        self.release.wait(30)
+        with self._lock:
+            self.active -= 1
+            self.done.append(message.message_id)
+        message.ack()
+
+
 def wait_for(predicate, timeout=30.0, step=0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -66,34 +87,18 @@ def test_lease_is_extended_while_processing_outlasts_deadline(pub, sub, topic, w
 
 def test_flow_control_bounds_outstanding_messages(pub, sub, topic, subscription):
     pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(40)])
-    release = threading.Event()
-    active = 0
-    peak = 0
-    done = []
-    lock = threading.Lock()
-
-    def callback(message):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        release.wait(30)
-        with lock:
-            active -= 1
-            done.append(message.message_id)
-        message.ack()
-
-    future = sub.subscribe(subscription, callback, flow_control=FlowControl(max_messages=5))
-    assert wait_for(lambda: active == 5)
+    gate = Gate()
+    future = sub.subscribe(subscription, gate, flow_control=FlowControl(max_messages=5))
+    assert wait_for(lambda: gate.active == 5)
     time.sleep(0.5)
     # Only five are leased at all: the other 35 stay undelivered in the subscription.
     b = sub.get_backlog(subscription)
     assert (b.num_outstanding_messages, b.num_undelivered_messages) == (5, 35)
-    release.set()
-    assert wait_for(lambda: len(done) == 40)
+    gate.release.set()
+    assert wait_for(lambda: len(gate.done) == 40)
     future.cancel()
     future.result(timeout=30)
-    assert peak == 5
+    assert gate.peak == 5
 
 
 def test_cancel_nacks_what_it_held(pub, sub, topic, subscription, warehouse):
@@ -157,31 +162,16 @@ def test_subscribe_rejects_bad_arguments(sub, subscription):
 
 def test_flow_control_by_bytes(pub, sub, topic, subscription):
     pub.publish_batch(topic, [{"data": b"x" * 1024} for _ in range(6)])
-    release = threading.Event()
-    active = peak = 0
-    done = []
-    lock = threading.Lock()
-
-    def callback(message):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        release.wait(30)
-        with lock:
-            active -= 1
-            done.append(1)
-        message.ack()
-
-    future = sub.subscribe(subscription, callback, flow_control=FlowControl(max_bytes=2500))
-    assert wait_for(lambda: active == 2)
+    gate = Gate()
+    future = sub.subscribe(subscription, gate, flow_control=FlowControl(max_bytes=2500))
+    assert wait_for(lambda: gate.active == 2)
     time.sleep(0.5)
-    assert active == 2  # a third 1 KiB message would exceed 2,500 bytes
-    release.set()
-    assert wait_for(lambda: len(done) == 6)
+    assert gate.active == 2  # a third 1 KiB message would exceed 2,500 bytes
+    gate.release.set()
+    assert wait_for(lambda: len(gate.done) == 6)
     future.cancel()
     future.result(timeout=30)
-    assert peak == 2
+    assert gate.peak == 2
 
 
 def test_leases_are_dropped_after_max_lease_duration(pub, sub, topic):

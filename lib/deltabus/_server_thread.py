@@ -1,0 +1,59 @@
+"""An aiohttp web application served on its own event loop in a daemon thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from aiohttp import web
+
+
+class ServerThread:
+    """``ServerThread(app, host, port).start()``; ``.port`` is the bound port (0 picks a free one)."""
+
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0, *, name: str = "deltabus-http") -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._start())
+        except BaseException as exc:  # e.g. the port is taken: report it from start()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError(f"the HTTP server on {self.host}:{self.port} did not start")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        if self._runner is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            except Exception:
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
