@@ -28,15 +28,22 @@ def session():
     return spark
 
 
-def throughput(spark, n: int) -> dict:
-    from deltabus import PublisherClient, SubscriberClient, config
-    from deltabus.push import runner
-    from tests.endpoints import ProcessEndpoint
+def _setup(name: str):
+    from deltabus import PublisherClient, SubscriberClient
 
     wh = tempfile.mkdtemp()
     pub, sub = PublisherClient(warehouse=wh), SubscriberClient(warehouse=wh, allow_http=True)
-    topic = pub.topic_path("bench", "push")
+    topic = pub.topic_path("bench", name)
     pub.create_topic(name=topic)
+    return wh, pub, sub, topic
+
+
+def throughput(spark, n: int) -> dict:
+    from deltabus import config
+    from deltabus.push import runner
+    from tests.endpoints import ProcessEndpoint
+
+    wh, pub, sub, topic = _setup("push")
     with ProcessEndpoint() as ep:
         s = sub.subscription_path("bench", "push")
         sub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
@@ -55,14 +62,11 @@ def throughput(spark, n: int) -> dict:
 
 
 def latency(spark, rate: float, seconds: float) -> dict:
-    from deltabus import PublisherClient, SubscriberClient, config
+    from deltabus import config
     from deltabus.push import runner
     from tests.endpoints import Endpoint
 
-    wh = tempfile.mkdtemp()
-    pub, sub = PublisherClient(warehouse=wh), SubscriberClient(warehouse=wh, allow_http=True)
-    topic = pub.topic_path("bench", "latency")
-    pub.create_topic(name=topic)
+    wh, pub, sub, topic = _setup("latency")
     with Endpoint() as ep:
         s = sub.subscription_path("bench", "latency")
         sub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
