@@ -1,1 +1,26 @@
-"""Spark integration. Importing this package never starts a SparkSession."""
+"""Spark integration. Importing this package never starts a SparkSession.
+
+``deltabus.spark.session(warehouse=...)`` returns a SparkSession on which the warehouse's
+tables are queryable by name: topics, subscriptions, messages, deliveries, backlog.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+
+def session(warehouse: str, *, spark: "SparkSession | None" = None, app_name: str = "deltabus") -> "SparkSession":
+    from .sql import session as _session
+
+    return _session(warehouse, spark=spark, app_name=app_name)
+
+
+def __getattr__(name: str) -> Any:  # lazy: keep `import deltabus.spark` free of pyspark imports
+    if name == "register_views":
+        from .sql import register
+
+        return register
+    raise AttributeError(name)

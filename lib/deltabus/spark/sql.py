@@ -1,0 +1,90 @@
+"""SQL over a warehouse: topics, subscriptions, messages, deliveries and backlog as views.
+
+Columns follow Pub/Sub's resource fields. Internal uids are hidden; a subscription whose
+topic was deleted shows ``_deleted-topic_``. Views are evaluated at query time, so every
+query sees the tables' latest versions.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from ..names import DELETED_TOPIC
+from ..storage.tables import ALL
+from . import table_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+VIEWS = {
+    "topics": "SELECT name, labels, create_time FROM _deltabus_topics",
+    "subscriptions": f"""
+        SELECT s.name,
+               CASE WHEN t.name IS NULL THEN '{DELETED_TOPIC}' ELSE s.topic END AS topic,
+               s.push_config, s.ack_deadline_seconds, s.labels, s.enable_message_ordering,
+               s.create_time, s.update_time
+        FROM _deltabus_subscriptions s LEFT JOIN _deltabus_topics t ON s.topic_uid = t.topic_uid""",
+    "messages": """
+        SELECT topic, message_id, data, attributes, ordering_key, publish_time, size_bytes
+        FROM _deltabus_messages""",
+    "deliveries": """
+        SELECT s.name AS subscription, d.message_id, d.publish_time, d.ordering_key, d.size_bytes,
+               d.delivery_attempt,
+               CASE WHEN d.lease_expires < TIMESTAMP'1970-01-02 00:00:00 UTC' THEN NULL ELSE d.lease_expires END AS ack_deadline,
+               CASE WHEN d.delivery_attempt = 0 THEN 'undelivered'
+                    WHEN d.lease_expires < TIMESTAMP'1970-01-02 00:00:00 UTC' THEN 'nacked'
+                    WHEN d.lease_expires > current_timestamp() THEN 'outstanding'
+                    ELSE 'expired' END AS state
+        FROM _deltabus_deliveries d JOIN _deltabus_subscriptions s ON d.sub_uid = s.sub_uid""",
+    "backlog": "SELECT * FROM _deltabus_backlog",
+}
+
+
+def delta_spark_available(spark: "SparkSession") -> bool:
+    """Whether Spark's own Delta reader (io.delta:delta-spark) is on the JVM classpath."""
+    try:
+        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # type: ignore[union-attr]
+        return True
+    except Exception:
+        return False
+
+
+def register(spark: "SparkSession", warehouse: str) -> str:
+    """Define the views on `spark`; return which reader backs them ("delta-spark" or "delta-rs")."""
+    if "://" not in warehouse:
+        warehouse = os.path.abspath(warehouse)
+    warehouse = warehouse.rstrip("/")
+    use_delta = delta_spark_available(spark)
+    if not use_delta:
+        table_source.register(spark)
+    for spec in ALL:
+        uri = f"{warehouse}/{spec.name}".replace("'", "\\'")
+        # Defined in SQL, so the relation is resolved again by every query: each query reads
+        # the table's latest version (a DataFrame would pin the version it was planned at).
+        if use_delta:
+            spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW _deltabus_{spec.name} AS SELECT * FROM delta.`{uri}`")
+        else:
+            spark.sql(
+                f"CREATE OR REPLACE TEMPORARY VIEW _deltabus_{spec.name} "
+                f"USING {table_source.NAME} OPTIONS (path '{uri}', table '{spec.name}')"
+            )
+    for name, query in VIEWS.items():
+        spark.sql(f"CREATE OR REPLACE TEMP VIEW {name} AS {query}")
+    return "delta-spark" if use_delta else "delta-rs"
+
+
+def session(warehouse: str, *, spark: "SparkSession | None" = None, app_name: str = "deltabus") -> "SparkSession":
+    """A SparkSession on which topics, subscriptions, messages, deliveries and backlog are queryable."""
+    from ..storage import open_engine
+
+    open_engine(warehouse)  # validates the warehouse and creates missing tables, so every view resolves
+    if spark is None:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    register(spark, warehouse)
+    return spark
