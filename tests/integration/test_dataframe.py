@@ -1,8 +1,10 @@
 import pytest
 from deltalake import DeltaTable
 
+
 from deltabus import InvalidArgument, NotFound
 from tests.conftest import table_versions
+from deltabus.storage.arrow import read_table
 
 pytestmark = pytest.mark.spark
 
@@ -26,7 +28,7 @@ def test_dataframe_is_published_as_one_commit(spark, pub, sub, topic, subscripti
 def test_binary_data_only(spark, pub, topic, warehouse):
     df = spark.createDataFrame([(bytearray(b"\x00\x01"),), (bytearray(b"\xff"),)], "data binary")
     assert pub.publish_dataframe(topic, df) == 2
-    rows = DeltaTable(f"{warehouse}/messages").to_pyarrow_table().to_pylist()
+    rows = read_table(f"{warehouse}/messages").to_pylist()
     assert sorted(r["data"] for r in rows) == [b"\x00\x01", b"\xff"]
     assert all(r["size_bytes"] == len(r["data"]) for r in rows)
 

@@ -3,13 +3,15 @@ import datetime as dt
 import pytest
 from deltalake import DeltaTable
 
+
 from deltabus import InvalidArgument, NotFound, PublisherClient, types
 from deltabus.validation import MAX_DATA_BYTES
 from tests.conftest import table_versions
+from deltabus.storage.arrow import read_table
 
 
 def messages_table(warehouse):
-    return DeltaTable(f"{warehouse}/messages").to_pyarrow_table()
+    return read_table(f"{warehouse}/messages")
 
 
 def test_publish_resolves_to_committed_message_id(pub: PublisherClient, topic, warehouse):

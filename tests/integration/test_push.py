@@ -11,6 +11,7 @@ import pytest
 from deltabus import SubscriberClient, config
 from deltabus.push import runner
 from tests.endpoints import Behaviour, Endpoint
+from deltabus.storage.arrow import read_table
 
 pytestmark = pytest.mark.spark
 
@@ -78,6 +79,7 @@ def expected_wrapped(sub, mid, data, attributes, publish_time, ordering_key, att
 def test_wrapped_and_unwrapped_bodies_are_byte_exact(spark, pub, psub, topic, warehouse):
     from deltalake import DeltaTable
 
+
     with Endpoint() as wrapped_ep, Endpoint() as raw_meta, Endpoint() as raw_plain:
         s_wrapped = psub.subscription_path("local", "wrapped")
         s_meta = psub.subscription_path("local", "raw-meta")
@@ -91,7 +93,7 @@ def test_wrapped_and_unwrapped_bodies_are_byte_exact(spark, pub, psub, topic, wa
             {"data": b"", "attributes": {"only": "attributes"}},
         ])
         deliver(spark, warehouse)
-        rows = {r["message_id"]: r for r in DeltaTable(f"{warehouse}/messages").to_pyarrow_table().to_pylist()}
+        rows = {r["message_id"]: r for r in read_table(f"{warehouse}/messages").to_pylist()}
 
         for r in wrapped_ep.snapshot():
             mid = json.loads(r.body)["message"]["messageId"]
@@ -143,7 +145,7 @@ def test_backlog_table_shows_push_state(spark, pub, psub, topic, warehouse):
         psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
         pub.publish_batch(topic, [{"data": b"x"}] * 5)
         deliver(spark, warehouse, until_idle=False, max_seconds=4)
-    (row,) = [r for r in DeltaTable(f"{warehouse}/backlog").to_pyarrow_table().to_pylist() if r["subscription"] == s]
+    (row,) = [r for r in read_table(f"{warehouse}/backlog").to_pylist() if r["subscription"] == s]
     assert row["nacked"] >= 3 and row["acked"] == 0 and row["delivered"] >= row["nacked"]
     assert row["backoff_seconds"] > 0 and row["push_window"] >= 1
     assert row["num_undelivered_messages"] + row["expired_ack_deadlines"] + row["num_outstanding_messages"] == 5

@@ -50,7 +50,7 @@ class TableReader(DataSourceReader):
         import pyarrow.compute as pc
         from deltalake import DeltaTable
 
-        from ..storage.arrow import plain
+        from ..storage.arrow import dataset, plain, scan_threads
 
         assert isinstance(partition, TablePartition)
         dt = DeltaTable(partition.uri)  # the latest version, at query time
@@ -65,9 +65,9 @@ class TableReader(DataSourceReader):
                 return
             flt = pc.field(partition.column).isin(values)
             prune = f"{partition.column} IN ({', '.join(literal(v) for v in values)})"
-        dataset = dt.to_pyarrow_dataset(file_pruning_predicate=prune)
+        ds = dataset(dt, partition.uri, prune)
         target = to_arrow_schema(self.schema)
-        for batch in dataset.to_batches(filter=flt):
+        for batch in ds.to_batches(filter=flt, use_threads=scan_threads(partition.uri)):
             table = plain(pa.Table.from_batches([batch])).select(target.names)
             yield from table.cast(target).to_batches()
 

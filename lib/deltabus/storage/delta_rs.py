@@ -16,7 +16,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from ..errors import Aborted
 from ..policy.backoff import Backoff
-from .arrow import plain
+from .arrow import dataset, plain, scan_threads
 from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, literal
 from .tables import BY_NAME, TableSpec
 
@@ -32,9 +32,10 @@ class DeltaRsSnapshot:
     a snapshot commits at most once.
     """
 
-    def __init__(self, spec: TableSpec, dt: DeltaTable) -> None:
+    def __init__(self, spec: TableSpec, dt: DeltaTable, uri: str) -> None:
         self._spec = spec
         self._dt = dt
+        self._uri = uri
         self._version = dt.version()
         self._committed = False
 
@@ -70,8 +71,10 @@ class DeltaRsSnapshot:
         statistics: files whose stats cannot match are never opened."""
         self._check()
         predicates = [p for p in (self._partition_sql(partition), prune) if p]
-        dataset = self._dt.to_pyarrow_dataset(file_pruning_predicate=" AND ".join(predicates) if predicates else None)
-        table = dataset.to_table(columns=list(columns) if columns else None, filter=self._filter(partition, filter))
+        ds = dataset(self._dt, self._uri, " AND ".join(predicates) if predicates else None)
+        table = ds.to_table(
+            columns=list(columns) if columns else None, filter=self._filter(partition, filter), use_threads=scan_threads(self._uri)
+        )
         return plain(table)
 
     def _partition_sql(self, partition: str | None) -> str | None:
@@ -218,7 +221,7 @@ class DeltaRsEngine:
         return dt
 
     def snapshot(self, table: str) -> DeltaRsSnapshot:
-        return DeltaRsSnapshot(BY_NAME[table], self._handle(table))
+        return DeltaRsSnapshot(BY_NAME[table], self._handle(table), self.table_uri(table))
 
     def version(self, table: str) -> int:
         return self._handle(table).version()
