@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from .leasing import pending_range, read_unfanned
 from .registry import SubscriptionRecord
 from .storage import Engine
-from .storage.tables import BACKLOG, DELIVERIES, TS
+from .storage.tables import BACKLOG, BACKLOG_HISTORY, DELIVERIES, TS
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,9 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
 
 
 def write(engine: Engine, stats: Iterable[BacklogStats]) -> None:
-    """Replace the backlog table with these figures (one row per subscription)."""
+    """Replace the backlog table with these figures (one row per subscription) and append
+    them to backlog_history."""
     table = pa.Table.from_pylist([{f: asdict(s)[f] for f in BACKLOG.schema.names} for s in stats], schema=BACKLOG.schema)
     engine.transact(BACKLOG.name, lambda snap: snap.overwrite(table), what="refresh backlog")
+    if table.num_rows:
+        engine.append(BACKLOG_HISTORY.name, table)

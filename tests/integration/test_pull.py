@@ -216,6 +216,9 @@ def test_backlog_figures(pub, csub, clock, topic, subscription):
 
     stored = read_table(f"{csub.engine.table_uri('backlog')}").to_pylist()
     assert [(r["subscription"], r["num_undelivered_messages"], r["expired_ack_deadlines"]) for r in stored] == [(subscription, 6, 3)]
+    csub.refresh_backlog()
+    history = read_table(f"{csub.engine.table_uri('backlog_history')}").to_pylist()
+    assert [(r["subscription"], r["num_undelivered_messages"]) for r in history] == [(subscription, 6)] * 2
 
 
 def test_idle_cursor_moves_past_versions_of_other_topics(pub, sub, topic, subscription, warehouse):

@@ -39,6 +39,7 @@ VIEWS = {
                     ELSE 'expired' END AS state
         FROM _deltabus_deliveries d JOIN _deltabus_subscriptions s ON d.sub_uid = s.sub_uid""",
     "backlog": "SELECT * FROM _deltabus_backlog",
+    "backlog_history": "SELECT *, num_undelivered_messages + num_outstanding_messages + expired_ack_deadlines AS num_unacked_messages FROM _deltabus_backlog_history",
 }
 
 

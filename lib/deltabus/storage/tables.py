@@ -8,7 +8,8 @@ Layout (see README "Storage layout" for the reasoning):
   fanned out to the subscription and not yet acked; an ack deletes the row. Every write
   is a MERGE pinned to a literal sub_uid, so work on different subscriptions never
   conflicts and concurrent work on one subscription is serialised by Delta's conflict check.
-- backlog: one row per subscription, the latest figures (rewritten on refresh).
+- backlog: one row per subscription, the latest figures (rewritten on refresh);
+  backlog_history: every such write appended (append-only, never conflicts).
 """
 
 from __future__ import annotations
@@ -140,5 +141,8 @@ BACKLOG = TableSpec(
     ),
 )
 
-ALL = (TOPICS, SUBSCRIPTIONS, MESSAGES, DELIVERIES, BACKLOG)
+# Every backlog write is also appended here: the backlog over time, for charts and alerts.
+BACKLOG_HISTORY = TableSpec("backlog_history", BACKLOG.schema)
+
+ALL = (TOPICS, SUBSCRIPTIONS, MESSAGES, DELIVERIES, BACKLOG, BACKLOG_HISTORY)
 BY_NAME = {t.name: t for t in ALL}
