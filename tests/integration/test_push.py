@@ -280,3 +280,31 @@ def test_a_replayed_batch_is_skipped(spark, pub, psub, topic, warehouse):
         finally:
             job.close()
         assert len(ep.snapshot()) == 1
+
+
+def test_subscriptions_created_and_deleted_while_the_job_runs(spark, pub, psub, topic, warehouse):
+    import threading
+
+    with Endpoint() as early, Endpoint() as late:
+        s_early = psub.subscription_path("local", "early")
+        psub.create_subscription(name=s_early, topic=topic, push_config={"push_endpoint": early.url})
+        stop = threading.Event()
+        job = threading.Thread(target=runner.run, args=(spark, settings(warehouse)), kwargs={"stop": stop, "max_seconds": 120})
+        job.start()
+        try:
+            first = pub.publish_batch(topic, [{"data": b"one"}] * 3)
+            deadline = time.time() + 60
+            while time.time() < deadline and len(early.snapshot()) < 3:
+                time.sleep(0.1)
+            s_late = psub.subscription_path("local", "late")
+            psub.create_subscription(name=s_late, topic=topic, push_config={"push_endpoint": late.url})  # while running
+            psub.delete_subscription(subscription=s_early)  # while running
+            second = pub.publish_batch(topic, [{"data": b"two"}] * 3)
+            while time.time() < deadline and len(late.snapshot()) < 3:
+                time.sleep(0.1)
+            time.sleep(1.5)  # a few more batches: nothing more may reach the deleted subscription
+        finally:
+            stop.set()
+            job.join(60)
+        assert sorted(ids_of(early)) == sorted(first)
+        assert sorted(ids_of(late)) == sorted(second)  # its subscription point: only what came after
