@@ -62,3 +62,13 @@ def test_sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_pa
         assert {m["messageId"] for m in received} == set(published)  # no message lost
         assert sub.get_backlog(s).num_unacked_messages == 0  # and every one acked
         assert "nothing left to deliver or retry" in log_path.read_text()
+
+
+def test_spark_submit_ships_the_library_and_settings():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "DELTABUS_CONF"))}
+    out = subprocess.run([str(ROOT / "spark-submit.sh"), "tests/integration/jobs/where_is_deltabus.py"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    executor = next(l for l in out.stdout.splitlines() if l.startswith("EXECUTOR"))
+    assert executor.count("deltabus.zip/deltabus/__init__.py") == 2  # from the shipped zip, not the driver's disk
+    assert f"CONF {ROOT / 'conf' / 'deltabus.conf'}" in out.stdout
