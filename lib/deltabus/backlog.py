@@ -35,23 +35,23 @@ class BacklogStats:
         return self.num_undelivered_messages + self.num_outstanding_messages + self.expired_ack_deadlines
 
 
+def _count(mask: pa.ChunkedArray) -> int:
+    """True values in a boolean column (nulls count as false)."""
+    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+
 def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats:
     snap = engine.snapshot(DELIVERIES.name)
     rows = snap.read(columns=["publish_time", "delivery_attempt", "lease_expires"], partition=sub.sub_uid)
     cursor, latest = pending_range(engine, snap, sub)
     unfanned = read_unfanned(engine, sub, cursor + 1, latest)
     now_ts = pa.scalar(int(now * 1_000_000), TS)
-    attempt = rows["delivery_attempt"]
-    delivered = pc.greater(attempt, 0)
-    live = pc.and_(delivered, pc.greater(rows["lease_expires"], now_ts))
-    undelivered = rows.num_rows - pc.sum(pc.cast(delivered, pa.int64())).as_py() if rows.num_rows else 0
-    outstanding = pc.sum(pc.cast(live, pa.int64())).as_py() or 0 if rows.num_rows else 0
-    delivered_n = rows.num_rows - undelivered
-    oldest = None
-    for col in (rows["publish_time"], unfanned["publish_time"]):
-        if len(col):
-            m = pc.min(col).as_py()
-            oldest = m if oldest is None or (m is not None and m < oldest) else oldest
+    delivered = pc.greater(rows["delivery_attempt"], 0)
+    delivered_n = _count(delivered)
+    outstanding = _count(pc.and_(delivered, pc.greater(rows["lease_expires"], now_ts)))
+    undelivered = rows.num_rows - delivered_n
+    mins = [pc.min(col).as_py() for col in (rows["publish_time"], unfanned["publish_time"]) if len(col)]
+    oldest = min((m for m in mins if m is not None), default=None)
     age = max(0.0, now - oldest.timestamp()) if oldest is not None else 0.0
     return BacklogStats(
         subscription=sub.name,
