@@ -19,31 +19,25 @@ class OutgoingMessage(NamedTuple):
 
 
 def build_rows(topic_uid: str, topic: str, messages: Sequence[OutgoingMessage], publish_time: float) -> tuple[pa.Table, list[str]]:
-    time_us = int(publish_time * 1_000_000)
-    message_ids = ids.message_ids(ids.batch_prefix(time_us), len(messages))
-    n = len(messages)
-    table = pa.table(
+    """Rows for validated messages, and their ids in order."""
+    payload = pa.table(
         {
-            "topic_uid": pa.array([topic_uid] * n, pa.string()),
-            "topic": pa.array([topic] * n, pa.string()),
-            "message_id": pa.array(message_ids, pa.string()),
             "data": pa.array([bytes(m.data) for m in messages], pa.binary()),
             "attributes": pa.array([list(m.attributes.items()) for m in messages], MESSAGES.schema.field("attributes").type),
             "ordering_key": pa.array([m.ordering_key for m in messages], pa.string()),
-            "publish_time": pa.array([time_us] * n, MESSAGES.schema.field("publish_time").type),
             "size_bytes": pa.array([m.size for m in messages], pa.int64()),
-        },
-        schema=MESSAGES.schema,
+        }
     )
-    return table, message_ids
+    return from_arrow(topic_uid, topic, payload, publish_time)
 
 
 def append(engine: Engine, rows: pa.Table) -> None:
     engine.append(MESSAGES.name, rows)
 
 
-def from_arrow(topic_uid: str, topic: str, table: pa.Table, publish_time: float) -> tuple[pa.Table, int]:
-    """Rows for a validated Arrow table with columns data, attributes, ordering_key, size."""
+def from_arrow(topic_uid: str, topic: str, table: pa.Table, publish_time: float) -> tuple[pa.Table, list[str]]:
+    """Rows for a validated Arrow table with columns data, attributes, ordering_key, size_bytes;
+    and the message ids, in row order. One publish time and one id prefix per batch."""
     n = table.num_rows
     time_us = int(publish_time * 1_000_000)
     message_ids = ids.message_ids(ids.batch_prefix(time_us), n)
@@ -60,4 +54,4 @@ def from_arrow(topic_uid: str, topic: str, table: pa.Table, publish_time: float)
         },
         schema=MESSAGES.schema,
     )
-    return rows, n
+    return rows, message_ids

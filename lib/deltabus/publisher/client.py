@@ -126,9 +126,9 @@ class PublisherClient(ClientBase):
         table = dataframe_to_arrow(df)
         if table.num_rows == 0:
             return 0
-        rows, n = from_arrow(rec.topic_uid, rec.name, table, self._clock())
+        rows, ids = from_arrow(rec.topic_uid, rec.name, table, self._clock())
         append(self._engine, rows)
-        return n
+        return len(ids)
 
     # -- lifecycle ---------------------------------------------------------
     def stop(self) -> None:
