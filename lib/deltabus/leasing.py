@@ -43,6 +43,39 @@ def _us(ts: float) -> int:
     return int(round(ts * 1_000_000))
 
 
+# Every write to a subscription's partition is one MERGE of source rows tagged with an op.
+OPS_MERGE = [
+    MatchedDelete(when="s.op = 'ack' AND t.delivery_attempt = s.delivery_attempt"),
+    MatchedUpdate({"lease_expires": "s.lease_expires"}, when="s.op = 'nack' AND t.delivery_attempt = s.delivery_attempt"),
+    MatchedUpdate({"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"}, when="s.op = 'lease'"),
+    NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when="s.op = 'insert'"),
+]
+SOURCE_SCHEMA = pa.schema([pa.field("op", pa.string()), *DELIVERIES.schema])
+
+
+def source_rows(op: str, sub_uid: str, table: pa.Table, attempt: pa.Array, lease: pa.Array) -> pa.Table:
+    """MERGE source rows for `op` from a table with message_id and any deliveries columns."""
+    n = table.num_rows
+
+    def col(name: str, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+        return table[name] if name in table.column_names else pa.nulls(n, kind)
+
+    return pa.table(
+        {
+            "op": pa.array([op] * n, pa.string()),
+            "sub_uid": pa.array([sub_uid] * n, pa.string()),
+            "message_id": table["message_id"],
+            "message_version": col("message_version", pa.int64()),
+            "publish_time": col("publish_time", TS),
+            "ordering_key": col("ordering_key", pa.string()),
+            "size_bytes": col("size_bytes", pa.int64()),
+            "delivery_attempt": attempt,
+            "lease_expires": lease,
+        },
+        schema=SOURCE_SCHEMA,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     message_id: str
@@ -104,39 +137,24 @@ def pull(
                 snap.commit_txns([(cursor_app_id(sub.sub_uid), end)])
             return []
 
-        leased_attempts = pc.add(available["delivery_attempt"], pa.scalar(1, pa.int32()))
-        ops = ["lease"] * available.num_rows + ["insert"] * fresh.num_rows
-        fresh_attempts = [1] * n_fresh_leased + [0] * (fresh.num_rows - n_fresh_leased)
-        null_ts = pa.nulls(fresh.num_rows - n_fresh_leased, TS)
-        source = pa.table(
-            {
-                "op": pa.array(ops, pa.string()),
-                "sub_uid": pa.array([sub.sub_uid] * len(ops), pa.string()),
-                "message_id": pa.concat_arrays([available["message_id"].combine_chunks(), fresh["message_id"].combine_chunks()]),
-                "message_version": pa.concat_arrays(
-                    [available["message_version"].combine_chunks(), fresh["_commit_version"].combine_chunks()]
-                ),
-                "publish_time": pa.concat_arrays([available["publish_time"].combine_chunks(), fresh["publish_time"].combine_chunks()]),
-                "ordering_key": pa.concat_arrays(
-                    [pa.nulls(available.num_rows, pa.string()), fresh["ordering_key"].combine_chunks()]
-                ),
-                "size_bytes": pa.concat_arrays([pa.nulls(available.num_rows, pa.int64()), fresh["size_bytes"].combine_chunks()]),
-                "delivery_attempt": pa.concat_arrays(
-                    [leased_attempts.combine_chunks() if available.num_rows else pa.array([], pa.int32()), pa.array(fresh_attempts, pa.int32())]
-                ),
-                "lease_expires": pa.concat_arrays(
-                    [pa.array([expires.value] * (available.num_rows + n_fresh_leased), TS), null_ts]
-                ),
-            }
-        )
-        insert_values = {c: f"s.{c}" for c in DELIVERIES.schema.names}
+        leased_attempts = pc.add(available["delivery_attempt"], pa.scalar(1, pa.int32())).combine_chunks()
+        parts = []
+        if available.num_rows:
+            parts.append(source_rows("lease", sub.sub_uid, available, leased_attempts, pa.array([expires.value] * available.num_rows, TS)))
+        if fresh.num_rows:
+            parts.append(
+                source_rows(
+                    "insert",
+                    sub.sub_uid,
+                    fresh.rename_columns(["message_version" if c == "_commit_version" else c for c in fresh.column_names]),
+                    pa.array([1] * n_fresh_leased + [0] * (fresh.num_rows - n_fresh_leased), pa.int32()),
+                    pa.concat_arrays([pa.array([expires.value] * n_fresh_leased, TS), pa.nulls(fresh.num_rows - n_fresh_leased, TS)]),
+                )
+            )
         snap.merge(
-            source,
+            pa.concat_tables(parts),
             _on(sub.sub_uid),
-            [
-                MatchedUpdate({"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"}, when="s.op = 'lease'"),
-                NotMatchedInsert(insert_values, when="s.op = 'insert'"),
-            ],
+            OPS_MERGE,
             app_txn=(cursor_app_id(sub.sub_uid), end) if end > cursor else None,
         )
         out = [

@@ -8,20 +8,20 @@ from typing import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..leasing import MAX_FANOUT_VERSIONS, NACKED_US, _STATE_COLUMNS, available_filter, cursor_app_id, read_unfanned
+from ..leasing import (
+    MAX_FANOUT_VERSIONS,
+    NACKED_US,
+    OPS_MERGE,
+    _STATE_COLUMNS,
+    _us,
+    available_filter,
+    cursor_app_id,
+    read_unfanned,
+    source_rows,
+)
 from ..registry import SubscriptionRecord
-from ..storage import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
-from ..storage.tables import DELIVERIES, TS
-
-OPS_MERGE = [
-    MatchedDelete(when="s.op = 'ack' AND t.delivery_attempt = s.delivery_attempt"),
-    MatchedUpdate({"lease_expires": "s.lease_expires"}, when="s.op = 'nack' AND t.delivery_attempt = s.delivery_attempt"),
-    MatchedUpdate({"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"}, when="s.op = 'lease'"),
-    NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when="s.op = 'insert'"),
-]
-
-SOURCE_SCHEMA = pa.schema([pa.field("op", pa.string()), *DELIVERIES.schema])
-
+from ..storage import Engine, Snapshot, literal
+from ..storage.tables import TS
 
 @dataclass(frozen=True, slots=True)
 class SubPlan:
@@ -37,28 +37,6 @@ class PlanResult:
     leases: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # sub_uid -> (message_id, attempt)
     fanned_out: int = 0
     committed: bool = False
-
-
-def _us(ts: float) -> int:
-    return int(round(ts * 1_000_000))
-
-
-def _rows(op: str, sub_uid: str, table: pa.Table, attempt: pa.Array, lease: pa.Array) -> pa.Table:
-    n = table.num_rows
-    return pa.table(
-        {
-            "op": pa.array([op] * n, pa.string()),
-            "sub_uid": pa.array([sub_uid] * n, pa.string()),
-            "message_id": table["message_id"],
-            "message_version": table["message_version"] if "message_version" in table.column_names else pa.nulls(n, pa.int64()),
-            "publish_time": table["publish_time"] if "publish_time" in table.column_names else pa.nulls(n, TS),
-            "ordering_key": table["ordering_key"] if "ordering_key" in table.column_names else pa.nulls(n, pa.string()),
-            "size_bytes": table["size_bytes"] if "size_bytes" in table.column_names else pa.nulls(n, pa.int64()),
-            "delivery_attempt": attempt,
-            "lease_expires": lease,
-        },
-        schema=SOURCE_SCHEMA,
-    )
 
 
 def fresh_rows(
@@ -121,7 +99,7 @@ def execute(
             if avail.num_rows:
                 attempts = pc.add(avail["delivery_attempt"], pa.scalar(1, pa.int32())).combine_chunks()
                 expires = pa.array([_us(now + sub.ack_deadline_seconds)] * avail.num_rows, TS)
-                parts.append(_rows("lease", uid, avail, attempts, expires))
+                parts.append(source_rows("lease", uid, avail, attempts, expires))
                 chosen.extend(zip(avail["message_id"].to_pylist(), attempts.to_pylist()))
             room -= avail.num_rows
         if fresh.num_rows:
@@ -132,16 +110,16 @@ def execute(
             expires = pa.concat_arrays(
                 [pa.array([_us(now + sub.ack_deadline_seconds)] * k, TS), pa.nulls(fresh.num_rows - k, TS)]
             )
-            parts.append(_rows("insert", uid, fresh, attempts, expires))
+            parts.append(source_rows("insert", uid, fresh, attempts, expires))
             chosen.extend((m, 1) for m in fresh["message_id"].to_pylist()[:k])
             result.fanned_out += fresh.num_rows
         if chosen:
             result.leases[uid] = chosen
     for uid, (acks, nacks) in outcomes.items():
         if acks.num_rows:
-            parts.append(_rows("ack", uid, acks, acks["delivery_attempt"], pa.nulls(acks.num_rows, TS)))
+            parts.append(source_rows("ack", uid, acks, acks["delivery_attempt"], pa.nulls(acks.num_rows, TS)))
         if nacks.num_rows:
-            parts.append(_rows("nack", uid, nacks, nacks["delivery_attempt"], pa.array([NACKED_US] * nacks.num_rows, TS)))
+            parts.append(source_rows("nack", uid, nacks, nacks["delivery_attempt"], pa.array([NACKED_US] * nacks.num_rows, TS)))
     if not parts and not txns:
         return result
     if batch_txn is not None:
