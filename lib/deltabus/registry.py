@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import pyarrow as pa
@@ -227,8 +227,6 @@ class Registry:
 
     def replace_subscription(self, rec: SubscriptionRecord) -> SubscriptionRecord:
         """Write new settings for a live subscription (same sub_uid: its messages stay)."""
-        from dataclasses import replace
-
         rec = replace(rec, update_time=utc(self._clock()))
         source = pa.Table.from_pylist([_sub_row(rec)], schema=SUBSCRIPTIONS.schema)
         settable = {c: f"s.{c}" for c in SUBSCRIPTIONS.schema.names if c not in ("name", "sub_uid", "create_time", "start_version")}

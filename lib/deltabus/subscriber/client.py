@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from concurrent.futures import Executor
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .. import ackid, backlog, leasing, names
@@ -153,8 +154,6 @@ class SubscriberClient(ClientBase):
             changes["push_config"] = self._check_push(PushConfig.coerce(values["push_config"]))
         if "labels" in values:
             changes["labels"] = validate_labels(values["labels"], "subscription.labels")
-        from dataclasses import replace
-
         new = self._registry.replace_subscription(replace(rec, **changes))
         return new.public(self._registry.topic_is_live(new.topic_uid))
 
@@ -172,8 +171,6 @@ class SubscriberClient(ClientBase):
             raise InvalidArgument("push_config", "modify_push_config requires push_config (an empty one means pull)")
         push = self._check_push(PushConfig.coerce(f["push_config"]))
         rec = self._sub(name)
-        from dataclasses import replace
-
         self._registry.replace_subscription(replace(rec, push_config=push))
 
     def delete_subscription(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None) -> None:
