@@ -74,15 +74,24 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("deltabus-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
-        .getOrCreate()
     )
+    # With the Delta jars (a machine that reaches Maven), the delta-spark engine's contract runs too:
+    # DELTABUS_TEST_SPARK_PACKAGES=io.delta:delta-spark_2.13:<version> ./run-tests.sh
+    packages = os.environ.get("DELTABUS_TEST_SPARK_PACKAGES")
+    if packages:
+        builder = (
+            builder.config("spark.jars.packages", packages)
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        )
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 from .errors import InvalidArgument
 
+ENGINES = ("auto", "delta-rs", "delta-spark")  # storage.ENGINES, without importing storage here
+
 SECTION = "deltabus"
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
@@ -30,8 +32,11 @@ class Settings:
     delivery_partitions: int = 2
     max_pushes_per_batch: int = 50_000
     backlog_interval: float = 1.0
+    engine: str = "auto"  # auto | delta-rs | delta-spark
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InvalidArgument("engine", f"must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if not self.warehouse:
             raise InvalidArgument("warehouse", "must be a path or URI")
         if not self.issuer:

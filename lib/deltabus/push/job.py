@@ -114,7 +114,7 @@ class DeliveryJob:
     ) -> None:
         self.spark = spark
         self.settings = settings
-        self.engine = engine or open_engine(settings.warehouse)
+        self.engine = engine or open_engine(settings.warehouse, engine=settings.engine, spark=spark)
         self.registry = Registry(self.engine, clock=clock)
         self._clock = clock
         self._rand = rand
@@ -127,7 +127,9 @@ class DeliveryJob:
         self._backlog_total: int | None = None
         self._backlog_fresh = False
         self._warned: set[str] = set()
-        self.checkpoint = f"{settings.checkpoint_path.rstrip('/')}/deliver"
+        # Each engine streams from its own source, so each keeps its own checkpoint (and batch ids).
+        suffix = "" if self.engine.name == "delta-rs" else f"-{self.engine.name}"
+        self.checkpoint = f"{settings.checkpoint_path.rstrip('/')}/deliver{suffix}"
         self.app_id = "deltabus-deliver-" + hashlib.sha256(self.checkpoint.encode()).hexdigest()[:16]
         self.idle = False
         self.stopping = False
@@ -209,6 +211,11 @@ class DeliveryJob:
         """foreachBatch handler. Once stopping, batches are no-ops so the query stops at once:
         fan-out follows each subscription's own cursor, so a skipped batch is caught up later."""
         if self.stopping:
+            return
+        if self.engine.name == "delta-spark":
+            # The Delta stream only paces batches; fan-out reads whole versions from the change
+            # feed (a Delta micro-batch may end inside a version).
+            self.process(None, batch_id)
             return
         self.process(df.toArrow(), batch_id)
 

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..config import Settings
-from ..spark.source import NAME, register
+from ..spark.source import message_stream, register
 from .job import DeliveryJob, RunSummary
 from .jwks_server import JwksServer
 
@@ -57,8 +57,7 @@ def run(
         server = JwksServer(lambda: tokens.jwks, settings.issuer, host=jwks_host, port=jwks_port).start()
         log.info("serving the push signing keys at %s", server.jwks_uri)
     query = (
-        spark.readStream.format(NAME)
-        .load(job.engine.table_uri("messages"))
+        message_stream(spark, job.engine.name, job.engine.table_uri("messages"), settings.trigger_interval)
         .writeStream.queryName("deltabus-deliver")
         .foreachBatch(job.on_batch)
         .option("checkpointLocation", job.checkpoint)

@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..names import DELETED_TOPIC
+from ..storage.delta_spark import delta_jvm_available
 from ..storage.tables import ALL
 from . import table_source
 
@@ -43,13 +44,6 @@ VIEWS = {
 }
 
 
-def delta_spark_available(spark: "SparkSession") -> bool:
-    """Whether Spark's own Delta reader (io.delta:delta-spark) is on the JVM classpath."""
-    try:
-        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # type: ignore[union-attr]
-        return True
-    except Exception:
-        return False
 
 
 def register(spark: "SparkSession", warehouse: str) -> str:
@@ -57,7 +51,7 @@ def register(spark: "SparkSession", warehouse: str) -> str:
     if "://" not in warehouse:
         warehouse = os.path.abspath(warehouse)
     warehouse = warehouse.rstrip("/")
-    use_delta = delta_spark_available(spark)
+    use_delta = delta_jvm_available(spark)
     if not use_delta:
         table_source.register(spark)
     for spec in ALL:

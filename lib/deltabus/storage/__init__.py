@@ -1,31 +1,80 @@
 """Storage: one small contract, two engines.
 
-``open_engine`` picks the embedded delta-rs engine here; the delta-spark engine plugs in
-behind the same ``Engine`` contract where the Delta JVM classes are present.
+``open_engine`` picks delta-spark when a SparkSession with the Delta JVM classes is at
+hand (a cluster with io.delta:delta-spark, or ``--packages``), and the embedded delta-rs
+engine otherwise. ``engine=`` or ``DELTABUS_ENGINE`` forces either.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument
 from .delta_rs import DeltaRsEngine
 from .engine import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
 
-ENGINES = ("auto", "delta-rs")
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+ENGINES = ("auto", "delta-rs", "delta-spark")
+ENGINE_ENV = "DELTABUS_ENGINE"
+DELTA_PACKAGE_HINT = (
+    "start Spark with the Delta jars, e.g. spark-submit --packages io.delta:delta-spark_2.13:<version> "
+    "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
+    "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog"
+)
+
+
+def _active_spark() -> "SparkSession | None":
+    if "pyspark" not in sys.modules:  # no session can exist in this process
+        return None
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def choose_engine(engine: str | None, spark: Any | None) -> str:
+    """Which engine `engine` ("auto", "delta-rs", "delta-spark"; None = $DELTABUS_ENGINE or auto) means here."""
+    from .delta_spark import delta_jvm_available
+
+    chosen = engine if engine is not None else os.environ.get(ENGINE_ENV, "auto") or "auto"
+    field = "engine" if engine is not None else ENGINE_ENV
+    if chosen not in ENGINES:
+        raise InvalidArgument(field, f"must be one of {', '.join(ENGINES)}, got {chosen!r}")
+    if chosen == "delta-rs":
+        return chosen
+    if spark is None:
+        spark = _active_spark()
+    has_delta = spark is not None and delta_jvm_available(spark)
+    if chosen == "auto":
+        return "delta-spark" if has_delta else "delta-rs"
+    if spark is None:
+        raise FailedPrecondition(f"{field}: delta-spark needs a SparkSession (pass spark=, or use the delta-rs engine)")
+    if not has_delta:
+        raise FailedPrecondition(f"{field}: delta-spark: the Delta JVM classes are not on Spark's classpath; {DELTA_PACKAGE_HINT}")
+    return chosen
 
 
 def open_engine(
     warehouse: str,
     *,
-    engine: str = "auto",
+    engine: str | None = None,
     storage_options: Mapping[str, str] | None = None,
+    spark: "SparkSession | None" = None,
 ) -> Engine:
+    """Open (and create, when missing) the warehouse's tables on the chosen engine."""
     if not isinstance(warehouse, str) or not warehouse:
         raise InvalidArgument("warehouse", "must be a non-empty path or URI")
-    if engine not in ENGINES:
-        raise InvalidArgument("engine", f"must be one of {ENGINES}, got {engine!r}")
-    store = DeltaRsEngine(warehouse, storage_options=storage_options)
+    chosen = choose_engine(engine, spark)
+    store: Engine
+    if chosen == "delta-spark":
+        from .delta_spark import DeltaSparkEngine
+
+        store = DeltaSparkEngine(warehouse, spark or _active_spark(), storage_options=storage_options)  # type: ignore[arg-type]
+    else:
+        store = DeltaRsEngine(warehouse, storage_options=storage_options)
     store.ensure_tables()
     return store
 
@@ -38,5 +87,7 @@ __all__ = [
     "NotMatchedInsert",
     "literal",
     "open_engine",
+    "choose_engine",
+    "ENGINES",
     "DeltaRsEngine",
 ]

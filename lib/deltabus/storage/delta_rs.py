@@ -160,6 +160,7 @@ class DeltaRsEngine:
     """
 
     name = "delta-rs"
+    conflict_errors: tuple[type[BaseException], ...] = (CommitFailedError,)
 
     def __init__(
         self,

@@ -83,6 +83,9 @@ class Snapshot(Protocol):
 
 class Engine(Protocol):
     name: str
+    warehouse: str
+    # What a write raises when a concurrent commit conflicts with it (transact reruns on these).
+    conflict_errors: tuple[type[BaseException], ...]
 
     def ensure_tables(self) -> None: ...
 

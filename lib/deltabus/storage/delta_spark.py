@@ -1,0 +1,359 @@
+"""The cluster engine: MERGE, reads and appends through delta-spark, distributed by Spark.
+
+Used where the Delta JVM classes (``io.delta:delta-spark``) are on Spark's classpath.
+Tables are the same Delta tables the embedded engine writes (created with the same
+schemas, partitioning and properties, and no table features beyond change data feed),
+so a warehouse can move between engines, and pull clients outside Spark keep using
+delta-rs on it.
+
+Two things delta-spark's public API does not offer, and how this engine makes up for it:
+
+- *Pinned snapshots.* A delta-spark MERGE reads the table's latest version, not the one
+  our decision was made on. Each snapshot holds a delta-rs handle of the log at its
+  version; before a write it is compared with the latest version, and a change since the
+  snapshot to the partitions the write touches (files added or removed there) or to an
+  application transaction it sets raises ``StaleSnapshot``, which ``transact`` treats as
+  a conflict and reruns. Commits to other partitions are no conflict, as in delta-rs.
+  Commits overlapping the MERGE itself are caught by Delta's own conflict checker
+  (``ConcurrentAppendException`` and friends). What is left is the moment between the
+  check and the MERGE's start: a lease granted in it can be granted twice (a duplicate
+  delivery, as Pub/Sub's at-least-once allows), never lost.
+- *Several application transactions in one commit.* delta-spark records one
+  (``txnAppId``, ``txnVersion``) per commit. The MERGE carries the last one given
+  (the push job's batch id, or a pull's fan-out cursor, which is the only one), and any
+  others (fan-out cursors of a push batch) are committed right after it as empty
+  appends. A crash between the two leaves a cursor behind its rows: the next batch
+  fans those versions out again, and the MERGE's not-matched insert skips rows that
+  are there. Their pushes had not started (they start after the commits), so nothing
+  acked can come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import Aborted
+from ..policy.backoff import Backoff
+from .arrow import plain
+from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, literal
+from .tables import BY_NAME, TableSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from deltalake import DeltaTable as RsTable
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+DELTA_CLASS = "io.delta.tables.DeltaTable"
+
+
+class StaleSnapshot(Exception):
+    """The table moved since the snapshot was taken: rerun the read-modify-write."""
+
+
+def delta_jvm_available(spark: "SparkSession") -> bool:
+    """Whether Spark's JVM can load delta-spark (``--packages io.delta:...`` or a cluster install)."""
+    try:
+        spark._jvm.java.lang.Class.forName(DELTA_CLASS)  # type: ignore[union-attr]
+        return True
+    except Exception:
+        return False
+
+
+def _conflict_types() -> tuple[type[BaseException], ...]:
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    return (StaleSnapshot, DeltaConcurrentModificationException)
+
+
+class DeltaSparkSnapshot:
+    """One version of one table: reads at that version, writes only if nothing moved it."""
+
+    def __init__(self, engine: "DeltaSparkEngine", spec: TableSpec, log_handle: "RsTable") -> None:
+        self._engine = engine
+        self._spark = engine.spark
+        self._spec = spec
+        self._log = log_handle
+        self._uri = engine.table_uri(spec.name)
+        self._version = log_handle.version()
+        self._committed = False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _frame(self) -> "DataFrame":
+        return self._spark.read.format("delta").option("versionAsOf", self._version).load(self._uri)
+
+    def _partition_sql(self, partition: str | None) -> str | None:
+        if partition is None:
+            return None
+        if self._spec.partition_column is None:
+            raise ValueError(f"table {self._spec.name} is not partitioned")
+        return f"{self._spec.partition_column} = {literal(partition)}"
+
+    def read(
+        self,
+        columns: Sequence[str] | None = None,
+        partition: str | None = None,
+        filter: pc.Expression | None = None,
+        prune: str | None = None,
+    ) -> pa.Table:
+        df = self._frame()
+        for predicate in (self._partition_sql(partition), prune):
+            if predicate:
+                df = df.where(predicate)  # partition pruning and data skipping on file stats
+        if columns:
+            df = df.select(*columns)
+        table = plain(df.toArrow())
+        if filter is not None:
+            table = table.filter(filter)
+        return table.cast(self._schema(columns))
+
+    def _schema(self, columns: Sequence[str] | None) -> pa.Schema:
+        schema = self._spec.schema
+        names = list(columns) if columns else schema.names
+        return pa.schema([pa.field(n, schema.field(n).type) for n in names])
+
+    def _claim(self, partitions: Sequence[str] | None = None, app_ids: Sequence[str] = ()) -> None:
+        """Refuse a second write, and a write on what moved since the snapshot.
+
+        With `partitions` (the partition values the write touches), commits elsewhere in the
+        table are no conflict: only files of those partitions and the `app_ids` it sets count.
+        """
+        if self._committed:
+            raise RuntimeError(f"snapshot of {self._spec.name} at version {self._version} already committed")
+        latest = self._engine._log_handle(self._spec.name)
+        if latest.version() != self._version:
+            column = self._spec.partition_column
+            if partitions is None or column is None or moved(self._log, latest, column, partitions, app_ids):
+                raise StaleSnapshot(f"{self._spec.name} moved from version {self._version} to {latest.version()}")
+        self._committed = True
+
+    def merge(
+        self,
+        source: pa.Table,
+        on: str,
+        clauses: Sequence[Clause],
+        app_txn: tuple[str, int] | Sequence[tuple[str, int]] | None = None,
+    ) -> Mapping[str, int]:
+        from delta.tables import DeltaTable
+
+        txns = _txn_list(app_txn)
+        column = self._spec.partition_column
+        partitions = source[column].unique().to_pylist() if column and column in source.column_names else None
+        self._claim(partitions, [a for a, _ in txns])
+        src = self._spark.createDataFrame(source).alias("s")
+        builder = DeltaTable.forPath(self._spark, self._uri).alias("t").merge(src, on)
+        for c in clauses:
+            if isinstance(c, MatchedUpdate):
+                builder = builder.whenMatchedUpdate(condition=c.when, set=dict(c.set))
+            elif isinstance(c, MatchedDelete):
+                builder = builder.whenMatchedDelete(condition=c.when)
+            elif isinstance(c, NotMatchedInsert):
+                builder = builder.whenNotMatchedInsert(condition=c.when, values=dict(c.values))
+            else:  # pragma: no cover - exhaustive
+                raise TypeError(c)
+        with self._engine.txn(txns[-1] if txns else None):
+            metrics = builder.execute()
+        self._engine.commit_txns(self._spec.name, txns[:-1])
+        row = metrics.first() if metrics is not None else None
+        return {k: int(v) for k, v in (row.asDict().items() if row is not None else ()) if v is not None}
+
+    def append(self, data: pa.Table) -> None:
+        self._claim()
+        self._engine.write(self._spec.name, data, "append")
+
+    def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None:
+        self._claim()
+        self._engine.commit_txns(self._spec.name, app_txns)
+
+    def delete(self, predicate: str) -> None:
+        from delta.tables import DeltaTable
+
+        self._claim()
+        DeltaTable.forPath(self._spark, self._uri).delete(predicate)
+
+    def overwrite(self, data: pa.Table) -> None:
+        self._claim()
+        self._engine.write(self._spec.name, data, "overwrite")
+
+    def txn_version(self, app_id: str) -> int | None:
+        return self._log.transaction_version(app_id)
+
+    def changes(self, start: int, end: int, columns: Sequence[str], partition: str | None = None) -> pa.Table:
+        """Rows inserted in versions start..end (inclusive), with ``_commit_version``, from the change feed."""
+        df = (
+            self._spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", start)
+            .option("endingVersion", end)
+            .load(self._uri)
+            .where("_change_type = 'insert'")
+        )
+        predicate = self._partition_sql(partition)
+        if predicate:
+            df = df.where(predicate)
+        table = plain(df.select(*columns, "_commit_version").toArrow())
+        return table.cast(pa.schema([*self._schema(columns), pa.field("_commit_version", pa.int64())]))
+
+
+def moved(before: "RsTable", after: "RsTable", column: str, partitions: Sequence[str], app_ids: Sequence[str]) -> bool:
+    """Whether anything in `partitions` (files added or removed) or any of `app_ids` changed
+    between two versions of one table's log."""
+
+    def files(dt: "RsTable") -> set[str]:
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        key = f"partition.{column}"
+        if key not in actions.column_names:
+            return set(actions["path"].to_pylist())
+        mask = pc.is_in(actions[key].cast(pa.string()), pa.array(list(partitions), pa.string()))
+        return set(actions.filter(mask)["path"].to_pylist())
+
+    if any(before.transaction_version(a) != after.transaction_version(a) for a in app_ids):
+        return True
+    return files(before) != files(after)
+
+
+def _txn_list(app_txn: tuple[str, int] | Sequence[tuple[str, int]] | None) -> list[tuple[str, int]]:
+    if not app_txn:
+        return []
+    if isinstance(app_txn[0], str):
+        return [app_txn]  # type: ignore[list-item]
+    return list(app_txn)  # type: ignore[arg-type]
+
+
+class DeltaSparkEngine:
+    """Warehouse of Delta tables written by delta-spark on `spark`."""
+
+    name = "delta-spark"
+
+    def __init__(
+        self,
+        warehouse: str,
+        spark: "SparkSession",
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        backoff: Backoff = Backoff(initial=0.01, maximum=1.0),
+        max_conflict_seconds: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if "://" not in warehouse:
+            warehouse = os.path.abspath(warehouse)
+        self.warehouse = warehouse.rstrip("/")
+        self.spark = spark
+        self._storage_options = dict(storage_options) if storage_options else None
+        self._backoff = backoff
+        self._max_conflict_seconds = max_conflict_seconds
+        self._sleep = sleep
+        self._local = threading.local()
+        # Session confs are shared by every thread of the session: one txn-carrying write at a time.
+        self._txn_lock = threading.Lock()
+        self.conflict_errors = _conflict_types()
+
+    def table_uri(self, table: str) -> str:
+        return f"{self.warehouse}/{table}"
+
+    def ensure_tables(self) -> None:
+        from delta.tables import DeltaTable
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        for spec in BY_NAME.values():
+            builder = (
+                DeltaTable.createIfNotExists(self.spark)
+                .location(self.table_uri(spec.name))
+                .addColumns(from_arrow_schema(spec.schema))
+            )
+            if spec.partition_by:
+                builder = builder.partitionedBy(*spec.partition_by)
+            for key, value in spec.configuration.items():
+                builder = builder.property(key, value)
+            builder.execute()
+
+    def _log_handle(self, table: str) -> "RsTable":
+        """This thread's delta-rs view of the table's log (versions and app transactions)."""
+        from deltalake import DeltaTable as RsTable
+
+        handles: dict[str, RsTable] | None = getattr(self._local, "handles", None)
+        if handles is None:
+            handles = self._local.handles = {}
+        dt = handles.get(table)
+        if dt is None:
+            dt = handles[table] = RsTable(self.table_uri(table), storage_options=self._storage_options)
+        else:
+            dt.update_incremental()
+        return dt
+
+    def snapshot(self, table: str) -> DeltaSparkSnapshot:
+        # A fresh handle per snapshot: the snapshot must keep its version while others move.
+        from deltalake import DeltaTable as RsTable
+
+        dt = RsTable(self.table_uri(table), storage_options=self._storage_options)
+        return DeltaSparkSnapshot(self, BY_NAME[table], dt)
+
+    def version(self, table: str) -> int:
+        return self._log_handle(table).version()
+
+    @contextmanager
+    def txn(self, app_txn: tuple[str, int] | None) -> Iterator[None]:
+        """Set delta-spark's txnAppId/txnVersion for the one write inside, then unset them."""
+        if app_txn is None:
+            yield
+            return
+        with self._txn_lock:
+            conf = self.spark.conf
+            conf.set(TXN_APP_ID, app_txn[0])
+            conf.set(TXN_VERSION, str(int(app_txn[1])))
+            try:
+                yield
+            finally:
+                conf.unset(TXN_APP_ID)
+                conf.unset(TXN_VERSION)
+
+    def write(self, table: str, data: pa.Table, mode: str, app_txn: tuple[str, int] | None = None) -> None:
+        df = self.spark.createDataFrame(data) if data.num_rows else self.spark.createDataFrame([], _spark_schema(BY_NAME[table]))
+        writer = df.write.format("delta").mode(mode)
+        if app_txn is not None:
+            writer = writer.option("txnAppId", app_txn[0]).option("txnVersion", int(app_txn[1]))
+        writer.save(self.table_uri(table))
+
+    def commit_txns(self, table: str, app_txns: Sequence[tuple[str, int]]) -> None:
+        """Record application-transaction versions: one empty append each (delta-spark takes one per commit)."""
+        for app_txn in app_txns:
+            self.write(table, BY_NAME[table].schema.empty_table(), "append", app_txn)
+
+    def transact(self, table: str, fn: Callable[[DeltaSparkSnapshot], T], *, what: str) -> T:
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return fn(self.snapshot(table))
+            except self.conflict_errors as exc:
+                elapsed = time.monotonic() - started
+                if elapsed > self._max_conflict_seconds:
+                    raise Aborted(f"{what}: gave up after {attempt + 1} conflicting attempts in {elapsed:.1f}s: {exc}") from exc
+                log.debug("%s: commit conflict on %s (attempt %d), retrying", what, table, attempt + 1)
+                self._sleep(self._backoff.delay(attempt, random.random()))
+                attempt += 1
+
+    def append(self, table: str, data: pa.Table) -> None:
+        """A blind append: Delta resolves version races itself, and appends never conflict."""
+        self.write(table, data, "append")
+
+
+def _spark_schema(spec: TableSpec) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(spec.schema)

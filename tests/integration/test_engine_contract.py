@@ -1,0 +1,209 @@
+"""The storage contract, run against every engine available on this machine.
+
+delta-rs always runs. delta-spark runs where Spark has the Delta JVM classes; here (no
+Maven access) it is skipped with that reason. To run it: on a machine that reaches Maven,
+``DELTABUS_TEST_SPARK_PACKAGES=io.delta:delta-spark_2.13:<version> ./run-tests.sh tests/integration/test_engine_contract.py``.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+from deltabus import PublisherClient, SubscriberClient
+from deltabus.storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, open_engine
+from deltabus.storage.arrow import read_table
+from deltabus.storage.delta_spark import delta_jvm_available
+from deltabus.storage.tables import ALL, DELIVERIES, TS
+
+NO_DELTA_JARS = (
+    "delta-spark: the Delta JVM classes are not on Spark's classpath (this machine cannot reach Maven); "
+    "run with DELTABUS_TEST_SPARK_PACKAGES=io.delta:delta-spark_2.13:<version>"
+)
+
+
+@pytest.fixture(params=["delta-rs", "delta-spark"])
+def engine(request, warehouse):
+    if request.param == "delta-spark":
+        spark = request.getfixturevalue("spark")
+        if not delta_jvm_available(spark):
+            pytest.skip(NO_DELTA_JARS)
+        return open_engine(warehouse, engine="delta-spark", spark=spark)
+    return open_engine(warehouse, engine="delta-rs")
+
+
+@pytest.fixture
+def other(engine, warehouse):
+    """A second writer on the same warehouse and engine, as another process would be."""
+    return open_engine(warehouse, engine=engine.name, spark=getattr(engine, "spark", None))
+
+
+def rows(sub_uid: str, ids: list[str], attempt: int = 0) -> pa.Table:
+    n = len(ids)
+    return pa.table(
+        {
+            "sub_uid": [sub_uid] * n,
+            "message_id": ids,
+            "message_version": pa.array([1] * n, pa.int64()),
+            "publish_time": pa.array([1_700_000_000_000_000] * n, TS),
+            "ordering_key": [""] * n,
+            "size_bytes": pa.array([10] * n, pa.int64()),
+            "delivery_attempt": pa.array([attempt] * n, pa.int32()),
+            "lease_expires": pa.nulls(n, TS),
+        },
+        schema=DELIVERIES.schema,
+    )
+
+
+INSERT = [NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names})]
+OPS = [
+    MatchedDelete(when="s.delivery_attempt = -1"),
+    MatchedUpdate({"delivery_attempt": "t.delivery_attempt + 1"}, when="s.delivery_attempt >= 0"),
+    *INSERT,
+]
+
+
+def on(uid: str) -> str:
+    return f"t.sub_uid = '{uid}' AND t.sub_uid = s.sub_uid AND t.message_id = s.message_id"
+
+
+def state(engine, uid: str) -> list[tuple[str, int]]:
+    table = engine.snapshot("deliveries").read(columns=["message_id", "delivery_attempt"], partition=uid)
+    return sorted(zip(table["message_id"].to_pylist(), table["delivery_attempt"].to_pylist()))
+
+
+def test_tables_have_the_declared_layout_readable_by_delta_rs(engine, warehouse):
+    for spec in ALL:
+        dt = DeltaTable(engine.table_uri(spec.name))
+        assert [f.name for f in pa.schema(dt.schema().to_arrow())] == spec.schema.names, spec.name
+        assert dt.metadata().partition_columns == list(spec.partition_by), spec.name
+        for key, value in spec.configuration.items():
+            assert dt.metadata().configuration.get(key) == value, (spec.name, key)
+    before = {spec.name: DeltaTable(engine.table_uri(spec.name)).version() for spec in ALL}
+    engine.ensure_tables()  # idempotent: writes nothing the second time
+    assert {spec.name: DeltaTable(engine.table_uri(spec.name)).version() for spec in ALL} == before
+
+
+def test_merge_inserts_updates_deletes_and_records_every_app_transaction(engine):
+    snap = engine.snapshot("deliveries")
+    snap.merge(rows("sa", ["1", "2", "3"]), on("sa"), OPS, app_txn=[("cursor-sa", 7), ("job", 1)])
+    after = engine.snapshot("deliveries")
+    assert after.txn_version("cursor-sa") == 7
+    assert after.txn_version("job") == 1
+    assert after.txn_version("never") is None
+    assert state(engine, "sa") == [("1", 0), ("2", 0), ("3", 0)]
+    change = pa.concat_tables([rows("sa", ["1"], attempt=0), rows("sa", ["2"], attempt=-1), rows("sa", ["4"])])
+    engine.snapshot("deliveries").merge(change, on("sa"), OPS, app_txn=("job", 2))
+    assert state(engine, "sa") == [("1", 1), ("3", 0), ("4", 0)]
+    assert engine.snapshot("deliveries").txn_version("job") == 2
+
+
+def test_read_filters_by_partition_expression_and_pruning_predicate(engine):
+    both = pa.concat_tables([rows("sa", ["1", "2"]), rows("sa", ["3"], attempt=1)])
+    engine.snapshot("deliveries").merge(both, on("sa"), INSERT)
+    engine.snapshot("deliveries").merge(rows("sb", ["1"]), on("sb"), INSERT)
+    snap = engine.snapshot("deliveries")
+    assert snap.read(partition="sb").num_rows == 1
+    got = snap.read(columns=["message_id"], partition="sa", filter=pc.field("delivery_attempt") == 0, prune="message_id >= '2'")
+    # prune may skip files that cannot match (it need not drop rows); filter drops rows.
+    assert "2" in got["message_id"].to_pylist() and "3" not in got["message_id"].to_pylist()
+    assert got.schema.types == [pa.string()]
+    full = snap.read(partition="sa")
+    assert full.schema.types == DELIVERIES.schema.types  # plain Arrow types whatever the engine
+
+
+def test_a_write_on_a_stale_snapshot_of_the_same_partition_conflicts(engine, other):
+    engine.snapshot("deliveries").merge(rows("sa", ["1", "2"]), on("sa"), INSERT)
+    stale = engine.snapshot("deliveries")
+    other.snapshot("deliveries").merge(rows("sa", ["1"]), on("sa"), OPS)
+    with pytest.raises(engine.conflict_errors):
+        stale.merge(rows("sa", ["2"]), on("sa"), OPS)
+    assert state(engine, "sa") == [("1", 1), ("2", 0)]
+
+
+def test_writes_to_other_partitions_do_not_conflict(engine, other):
+    engine.snapshot("deliveries").merge(rows("sa", ["1"]), on("sa"), INSERT)
+    a = engine.snapshot("deliveries")
+    other.snapshot("deliveries").merge(rows("sb", ["1"]), on("sb"), INSERT)
+    a.merge(rows("sa", ["1"]), on("sa"), OPS)
+    assert state(engine, "sa") == [("1", 1)]
+    assert state(engine, "sb") == [("1", 0)]
+
+
+def test_transact_reruns_conflicting_work_on_a_fresh_snapshot(engine, other):
+    engine.snapshot("deliveries").merge(rows("sa", ["1"]), on("sa"), INSERT)
+    calls = []
+
+    def bump(snap):
+        calls.append(snap.version)
+        if len(calls) == 1:  # a concurrent writer commits between our read and our write
+            other.snapshot("deliveries").merge(rows("sa", ["1"]), on("sa"), OPS)
+        snap.merge(rows("sa", ["1"]), on("sa"), OPS)
+        return len(calls)
+
+    assert engine.transact("deliveries", bump, what="bump") == 2
+    assert calls[1] > calls[0]
+    assert state(engine, "sa") == [("1", 2)]  # both increments, none lost
+
+
+def test_commit_txns_alone_and_append_and_overwrite_and_delete(engine):
+    engine.snapshot("deliveries").commit_txns([("cursor-x", 3)])
+    assert engine.snapshot("deliveries").txn_version("cursor-x") == 3
+    engine.append("deliveries", rows("sa", ["1", "2"]))
+    engine.snapshot("deliveries").delete("sub_uid = 'sa' AND message_id = '1'")
+    assert state(engine, "sa") == [("2", 0)]
+    engine.snapshot("deliveries").overwrite(rows("sc", ["9"]))
+    assert engine.snapshot("deliveries").read()["sub_uid"].to_pylist() == ["sc"]
+    assert engine.snapshot("deliveries").txn_version("cursor-x") == 3  # app transactions survive
+
+
+def test_change_feed_returns_inserted_rows_with_their_versions(engine):
+    engine.append("deliveries", rows("sa", ["1"]))
+    first = engine.version("deliveries")
+    engine.append("deliveries", rows("sb", ["2"]))
+    engine.append("deliveries", rows("sa", ["3"]))
+    last = engine.version("deliveries")
+    # deliveries has no change feed; messages does: publish through the engine's own appends instead.
+    msgs = pa.table(
+        {
+            "topic_uid": ["t1", "t2"],
+            "topic": ["a", "b"],
+            "message_id": ["m1", "m2"],
+            "data": [b"x", b"y"],
+            "attributes": pa.array([[], []], pa.map_(pa.string(), pa.string())),
+            "ordering_key": ["", ""],
+            "publish_time": pa.array([1, 2], TS),
+            "size_bytes": pa.array([1, 1], pa.int64()),
+        }
+    )
+    start = engine.version("messages") + 1
+    engine.append("messages", msgs.slice(0, 1))
+    engine.append("messages", msgs.slice(1, 1))
+    end = engine.version("messages")
+    got = engine.snapshot("messages").changes(start, end, ["message_id"], partition="t2")
+    assert got["message_id"].to_pylist() == ["m2"]
+    assert got["_commit_version"].to_pylist() == [end]
+    assert got.schema.field("_commit_version").type == pa.int64()
+    assert last > first
+
+
+def test_pull_and_ack_through_the_clients_on_this_engine(engine, warehouse):
+    pub = PublisherClient(engine=engine)
+    sub = SubscriberClient(engine=engine)
+    topic = pub.topic_path("proj", "orders")
+    name = sub.subscription_path("proj", "orders-sub")
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=name, topic=topic)
+    pub.publish_batch(topic, [{"data": b"a"}, {"data": b"b"}, {"data": b"c"}])
+    pub.publish(topic, b"d").result()
+    got = sub.pull(subscription=name, max_messages=100).received_messages
+    assert sorted(m.message.data for m in got) == [b"a", b"b", b"c", b"d"]
+    sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in got])
+    assert sub.pull(subscription=name, max_messages=100, return_immediately=True).received_messages == []
+    # What this engine wrote, the other reader reads.
+    assert read_table(engine.table_uri("deliveries")).num_rows == 0
+    assert read_table(engine.table_uri("messages")).num_rows == len(got)
+    pub.stop()
+    sub.close()
