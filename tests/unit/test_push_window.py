@@ -14,15 +14,22 @@ def test_slow_start_doubles_per_fully_acked_round_up_to_3000():
         w = w.after_round(acks=w.limit, nacks=0, mean_latency=0.05)
         sizes.append(w.limit)
     assert sizes[:5] == [6, 12, 24, 48, 96]
-    i = sizes.index(SLOW_START_LIMIT)  # capped at 3,000 by slow start...
-    assert sizes[i + 1] - sizes[i] == 300  # ...then linear
+    i = next(k for k, v in enumerate(sizes) if v >= SLOW_START_LIMIT)  # exponential up to 3,000...
+    assert sizes[i - 1] < SLOW_START_LIMIT <= sizes[i] < 2 * SLOW_START_LIMIT
+    assert sizes[i + 1] - sizes[i] == 3000  # ...then linear: +3,000 per fully acked window
 
 
 def test_linear_growth_past_3000_while_healthy():
     w = PushWindow(size=SLOW_START_LIMIT, avg_latency=0.05, ack_ratio=1.0)
     w1 = w.after_round(3000, 0, 0.05)
-    w2 = w1.after_round(3300, 0, 0.05)
-    assert (w1.limit - w.limit, w2.limit - w1.limit) == (300, 300)
+    w2 = w1.after_round(6000, 0, 0.05)
+    assert (w1.limit - w.limit, w2.limit - w1.limit) == (3000, 3000)
+    # The same acks split over several micro-batches grow it about the same (within 10%).
+    split = PushWindow(size=6000, avg_latency=0.05, ack_ratio=1.0)
+    for _ in range(6):
+        split = split.after_round(1000, 0, 0.05)
+    assert 8100 < split.limit <= 9000
+    assert PushWindow(size=6000, avg_latency=0.05, ack_ratio=1.0).after_round(600, 0, 0.05).limit == 6300
     big = PushWindow(size=MAX_WINDOW, avg_latency=0.05, ack_ratio=1.0).after_round(30000, 0, 0.05)
     assert big.limit == MAX_WINDOW
 

@@ -1,10 +1,14 @@
 """Push window (slow start): how many pushes a subscription may have outstanding.
 
 Starts at 3. Each ack grows it by one while under 3,000, so a fully acked window
-doubles every round trip (exponential). Past 3,000 it grows linearly, by 300 per fully
-acked round, up to 30,000, and only while the subscription acks more than 99% of pushes
-with an average latency under 1 s; otherwise it falls back to 3,000. A round with
-nacks halves it (never below 1).
+doubles every round trip (exponential). Past 3,000 it grows linearly, by 3,000 per
+window's worth of acks (each ack adds 3,000 / window, as TCP's congestion avoidance adds
+one segment per round trip), up to 30,000, and only while the subscription acks more
+than 99% of pushes with an average latency under 1 s; otherwise it falls back to 3,000.
+A round with nacks halves it (never below 1).
+
+Growth is counted per ack, not per micro-batch, so it does not depend on how outcomes
+happen to be split between batches.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 START = 3
 SLOW_START_LIMIT = 3_000
 MAX_WINDOW = 30_000
-LINEAR_STEP = 300
+LINEAR_STEP = 3_000  # per window's worth of acks
 EWMA_ALPHA = 0.3
 HEALTHY_LATENCY = 1.0
 HEALTHY_ACK_RATIO = 0.99
@@ -43,9 +47,12 @@ class PushWindow:
         if nacks:
             size = max(1.0, size / 2)
         elif size < SLOW_START_LIMIT:
-            size = min(float(SLOW_START_LIMIT), size + acks)
+            exponential = min(float(SLOW_START_LIMIT) - size, float(acks))
+            size += exponential
+            if size >= SLOW_START_LIMIT and latency < HEALTHY_LATENCY and ratio > HEALTHY_ACK_RATIO:
+                size = min(float(MAX_WINDOW), size + LINEAR_STEP * (acks - exponential) / size)
         elif latency < HEALTHY_LATENCY and ratio > HEALTHY_ACK_RATIO:
-            size = min(float(MAX_WINDOW), size + LINEAR_STEP)
+            size = min(float(MAX_WINDOW), size + LINEAR_STEP * acks / size)
         if size > SLOW_START_LIMIT and (latency > HEALTHY_LATENCY or ratio < HEALTHY_ACK_RATIO):
             size = float(SLOW_START_LIMIT)
         return PushWindow(size=size, avg_latency=latency, ack_ratio=ratio)

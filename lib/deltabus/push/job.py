@@ -95,6 +95,21 @@ class RunSummary:
     reports: list[BatchReport] = field(default_factory=list)
 
 
+# A flight's outcomes only come back when its whole Spark job ends. Large lease sets go out
+# as several jobs, so the first outcomes (and the window room they free) return early.
+CHUNK_MIN = 1_000
+
+
+def _chunks(requests: pa.Table, partitions: int) -> list[tuple[pa.Table, int]]:
+    """Split a flight into jobs of >= CHUNK_MIN pushes: (requests, Spark partitions) each."""
+    n = requests.num_rows
+    jobs = max(1, min(partitions, n // CHUNK_MIN))
+    if jobs == 1:
+        return [(requests, max(1, min(partitions, n // 64 or 1)))]
+    size = -(-n // jobs)
+    return [(requests.slice(i, size), 1) for i in range(0, n, size)]
+
+
 def endpoint_allowed(sub: SubscriptionRecord, allow_http: bool) -> bool:
     endpoint = sub.push_config.push_endpoint
     return endpoint.startswith("https://") or (allow_http and endpoint.startswith("http://"))
@@ -335,15 +350,17 @@ class DeliveryJob:
             groups.setdefault("healthy" if st.healthy else uid, []).append(table)
         for key, tables in groups.items():
             requests = pa.concat_tables(tables)
-            ids: dict[str, set[str]] = {}
-            for uid, mid in zip(requests["sub_uid"].to_pylist(), requests["message_id"].to_pylist()):
-                ids.setdefault(uid, set()).add(mid)
-            parts = self.settings.delivery_partitions if key == "healthy" else 1
-            parts = max(1, min(parts, requests.num_rows // 64 or 1))
-            self._flights.append(Flight(self._pool.submit(self._push, requests, parts), ids))
+            for chunk, parts in _chunks(requests, self.settings.delivery_partitions if key == "healthy" else 1):
+                ids: dict[str, set[str]] = {}
+                for uid, mid in zip(chunk["sub_uid"].to_pylist(), chunk["message_id"].to_pylist()):
+                    ids.setdefault(uid, set()).add(mid)
+                self._flights.append(Flight(self._pool.submit(self._push, chunk, parts), ids))
         return sent
 
     def _push(self, requests: pa.Table, partitions: int) -> pa.Table:
+        # Push jobs share the executors fairly with the stream's own micro-batch jobs (FAIR
+        # scheduling, see conf/spark-defaults.conf), so a batch never queues behind them.
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "push")
         # coalesce, not repartition: no shuffle stage (measured 0.36 s against 0.65 s a job).
         df = self.spark.createDataFrame(requests).coalesce(partitions)
         out = df.mapInArrow(deliver_partition, OUTCOME_DDL).toArrow()
