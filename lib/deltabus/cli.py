@@ -216,6 +216,13 @@ def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
     print(_table(rows, ["subscription", "type", "undelivered", "outstanding", "expired", "oldest_unacked_s"]), file=out)
 
 
+def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
+    from .storage.maintenance import maintain_warehouse
+
+    rows = maintain_warehouse(args.warehouse, retention_hours=args.retention_hours)
+    print(_table(rows, ["table", "files_before", "files_after", "vacuumed", "compactions_skipped", "version"]), file=out)
+
+
 # -- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -282,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = cmds.add_parser("backlog", help="each subscription's backlog as a table", parents=[common])
     b.set_defaults(func=cmd_backlog)
+
+    m = cmds.add_parser("maintenance", help="compact small files, checkpoint and vacuum every table", parents=[common])
+    m.add_argument("--retention-hours", type=int, default=168,
+                   help="vacuum files no version of the last N hours needs (default 168 = 7 days, the change feed's horizon)")
+    m.set_defaults(func=cmd_maintenance)
     return p
 
 

@@ -91,6 +91,31 @@ def available_filter(now: float) -> pc.Expression:
     return pc.field("lease_expires").is_null() | (pc.field("lease_expires") <= pa.scalar(_us(now), TS))
 
 
+AVAILABLE_ORDER = [("message_version", "ascending"), ("message_id", "ascending")]
+
+
+def leased_files(now: float) -> Callable[[pa.Table], pa.Array]:
+    """For ``Snapshot.read_first``: files whose every row holds a lease running past `now`
+    (no null lease, smallest lease in the future) have nothing available to lease."""
+
+    def skip(actions: pa.Table) -> pa.Array:
+        if "min.lease_expires" not in actions.column_names or "null_count.lease_expires" not in actions.column_names:
+            return pa.array([False] * actions.num_rows)
+        lows = actions["min.lease_expires"]
+        at = pa.scalar(_us(now), TS).cast(lows.type)
+        return pc.and_(pc.equal(actions["null_count.lease_expires"], 0), pc.greater(lows, at))
+
+    return skip
+
+
+def read_available(snap: Snapshot, sub_uid: str, now: float, limit: int) -> pa.Table:
+    """The first `limit` deliveries available at `now` (never leased, nacked, or past their
+    deadline), oldest messages first; reads only the files that can hold them."""
+    return snap.read_first(
+        limit, AVAILABLE_ORDER, _STATE_COLUMNS, partition=sub_uid, filter=available_filter(now), skip_files=leased_files(now)
+    )
+
+
 def pending_range(engine: Engine, snap: Snapshot, sub: SubscriptionRecord) -> tuple[int, int]:
     """(cursor, latest): messages versions cursor+1..latest are not yet fanned out."""
     cursor = snap.txn_version(cursor_app_id(sub.sub_uid))
@@ -121,10 +146,7 @@ def pull(
         end = min(latest, cursor + MAX_FANOUT_VERSIONS)
         fresh = read_unfanned(engine, sub, cursor + 1, end)
 
-        available = snap.read(columns=_STATE_COLUMNS, partition=sub.sub_uid, filter=available_filter(now))
-        if available.num_rows > max_messages:
-            order = pc.sort_indices(available, [("message_version", "ascending"), ("message_id", "ascending")])
-            available = available.take(order[:max_messages])
+        available = read_available(snap, sub.sub_uid, now, max_messages)
         room = max_messages - available.num_rows
 
         if fresh.num_rows:

@@ -25,7 +25,7 @@ def run(warehouse, *args, input=None, ok=True):
 
 
 def test_help_everywhere(warehouse):
-    for args in ([], ["topics"], ["topics", "create"], ["subscriptions"], ["subscriptions", "update"], ["publish"], ["pull"], ["backlog"]):
+    for args in ([], ["topics"], ["topics", "create"], ["subscriptions"], ["subscriptions", "update"], ["publish"], ["pull"], ["backlog"], ["maintenance"]):
         p = run(warehouse, *args, "--help")
         assert "usage: deltabus" in p.stdout
 

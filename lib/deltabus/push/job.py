@@ -95,6 +95,9 @@ class RunSummary:
     reports: list[BatchReport] = field(default_factory=list)
 
 
+# At most this share of the job's time goes to refreshing the backlog table.
+BACKLOG_DUTY = 10.0  # refresh at most every 10x the last refresh's duration
+
 # A flight's outcomes only come back when its whole Spark job ends. Large lease sets go out
 # as several jobs, so the first outcomes (and the window room they free) return early.
 CHUNK_MIN = 1_000
@@ -141,6 +144,7 @@ class DeliveryJob:
         self._last_backlog = 0.0
         self._backlog_total: int | None = None
         self._backlog_fresh = False
+        self._backlog_cost = 0.0  # seconds the last backlog refresh took
         self._warned: set[str] = set()
         # Each engine streams from its own source, so each keeps its own checkpoint (and batch ids).
         suffix = "" if self.engine.name == "delta-rs" else f"-{self.engine.name}"
@@ -370,10 +374,14 @@ class DeliveryJob:
     def _maybe_write_backlog(self, push: dict[str, SubscriptionRecord], force: bool = False) -> None:
         now = self._clock()
         self._backlog_fresh = False
-        if not force and now - self._last_backlog < self.settings.backlog_interval:
+        # Counting reads every unacked row; with a large backlog, refresh less often so the
+        # refresh never takes more than a tenth of the job's time.
+        interval = max(self.settings.backlog_interval, BACKLOG_DUTY * self._backlog_cost)
+        if not force and now - self._last_backlog < interval:
             return
         self._backlog_fresh = True
         self._last_backlog = now
+        started = time.monotonic()
         stats = []
         total = 0
         for rec in sorted(self.registry.subscriptions().values(), key=lambda r: r.name):
@@ -389,6 +397,7 @@ class DeliveryJob:
             stats.append(b)
         backlog_mod.write(self.engine, stats)
         self._backlog_total = total
+        self._backlog_cost = time.monotonic() - started
 
     # -- running ----------------------------------------------------------------------
     def drain(self) -> BatchReport:

@@ -12,10 +12,9 @@ from ..leasing import (
     MAX_FANOUT_VERSIONS,
     NACKED_US,
     OPS_MERGE,
-    _STATE_COLUMNS,
     _us,
-    available_filter,
     cursor_app_id,
+    read_available,
     read_unfanned,
     source_rows,
 )
@@ -90,12 +89,11 @@ def execute(
         room = plan.room
         chosen: list[tuple[str, int]] = []
         if room > 0:
-            avail = snap.read(columns=_STATE_COLUMNS, partition=uid, filter=available_filter(now))
+            # In-flight ids are leased, so rarely available; read enough to cover them anyway.
+            avail = read_available(snap, uid, now, room + len(plan.exclude))
             if plan.exclude and avail.num_rows:
                 avail = avail.filter(pc.invert(pc.is_in(avail["message_id"], pa.array(list(plan.exclude), pa.string()))))
-            if avail.num_rows > room:
-                order = pc.sort_indices(avail, [("message_version", "ascending"), ("message_id", "ascending")])
-                avail = avail.take(order[:room])
+            avail = avail.slice(0, room)
             if avail.num_rows:
                 attempts = pc.add(avail["delivery_attempt"], pa.scalar(1, pa.int32())).combine_chunks()
                 expires = pa.array([_us(now + sub.ack_deadline_seconds)] * avail.num_rows, TS)

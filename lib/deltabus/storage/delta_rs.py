@@ -17,7 +17,8 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
-from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, literal
+from .maintenance import AutoCompact, compact, file_count
+from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal
 from .tables import BY_NAME, TableSpec
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,12 @@ class DeltaRsSnapshot:
         self._uri = uri
         self._version = dt.version()
         self._committed = False
+        self.written: set[str] = set()  # partition values this snapshot's commit wrote to
+
+    def _wrote(self, data: pa.Table) -> None:
+        col = self._spec.partition_column
+        if col is not None and col in data.column_names and data.num_rows:
+            self.written.update(v for v in pc.unique(data[col]).to_pylist() if v is not None)
 
     @property
     def version(self) -> int:
@@ -77,6 +84,63 @@ class DeltaRsSnapshot:
         )
         return plain(table)
 
+    def read_first(
+        self,
+        limit: int,
+        sort_keys: Sequence[tuple[str, str]],
+        columns: Sequence[str],
+        partition: str | None = None,
+        filter: pc.Expression | None = None,
+        skip_files: Callable[[pa.Table], pa.Array] | None = None,
+    ) -> pa.Table:
+        """The first `limit` rows (in `sort_keys` order) matching partition and filter, reading
+        only the files that can hold them.
+
+        Files are opened in order of their minimum of the first sort key (from the Delta
+        log's statistics) and reading stops once no unopened file can hold a value below
+        the `limit`-th row found: the cost follows `limit`, not the partition's size.
+        `skip_files` gets the flattened add actions (``min.<col>``, ``null_count.<col>``,
+        ...) and marks files that cannot hold a matching row.
+        """
+        self._check()
+        key = sort_keys[0][0]
+        if sort_keys[0][1] != "ascending":
+            raise ValueError("read_first steers by the first sort key ascending")
+        cols = list(dict.fromkeys([*columns, *(k for k, _ in sort_keys)]))
+        actions = pa.table(self._dt.get_add_actions(flatten=True))
+        if partition is not None and actions.num_rows:
+            actions = actions.filter(pc.equal(actions[f"partition.{self._spec.partition_column}"], partition))
+        if skip_files is not None and actions.num_rows:
+            actions = actions.filter(pc.invert(pc.fill_null(skip_files(actions), False)))
+        empty = self._spec.schema.empty_table().select(cols)
+        if actions.num_rows == 0 or limit <= 0:
+            return empty.select(list(columns))
+        actions = actions.sort_by([(f"min.{key}", "ascending")], null_placement="at_start")
+        ds = dataset(self._dt, self._uri, self._partition_sql(partition))
+        fragments = {f.path.rsplit("/", 1)[-1]: f for f in ds.get_fragments()}
+        expr = self._filter(partition, filter)
+        found: list[pa.Table] = []
+        rows = 0
+        cutoff = None
+        threads = scan_threads(self._uri)
+        for path, low in zip(actions["path"].to_pylist(), actions[f"min.{key}"].to_pylist()):
+            if cutoff is not None and low is not None and low > cutoff:
+                break
+            fragment = fragments.get(path.rsplit("/", 1)[-1])
+            if fragment is None:  # pragma: no cover - log and dataset come from one snapshot
+                raise RuntimeError(f"{self._spec.name}: file {path} of the log is missing from the dataset")
+            part = plain(fragment.to_table(columns=cols, filter=expr, use_threads=threads, schema=ds.schema))
+            if part.num_rows:
+                found.append(part)
+                rows += part.num_rows
+            if rows >= limit:
+                merged = first_rows(pa.concat_tables(found), limit, sort_keys)
+                found, rows = [merged], merged.num_rows
+                cutoff = merged[key][limit - 1].as_py()
+        if not found:
+            return empty.select(list(columns))
+        return first_rows(pa.concat_tables(found), limit, sort_keys).select(list(columns))
+
     def _partition_sql(self, partition: str | None) -> str | None:
         if partition is None:
             return None
@@ -110,12 +174,15 @@ class DeltaRsSnapshot:
             else:  # pragma: no cover - exhaustive
                 raise TypeError(c)
         self._committed = True
-        return merger.execute()
+        metrics = merger.execute()
+        self._wrote(source)
+        return metrics
 
     def append(self, data: pa.Table) -> None:
         self._check()
         self._committed = True
         write_deltalake(self._dt, data, mode="append")
+        self._wrote(data)
 
     def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None:
         """Commit only application-transaction versions (an empty MERGE would not commit).
@@ -170,6 +237,7 @@ class DeltaRsEngine:
         backoff: Backoff = Backoff(initial=0.002, maximum=0.25),
         max_conflict_seconds: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
+        auto_compact: AutoCompact | None = AutoCompact(),
     ) -> None:
         if "://" not in warehouse:
             warehouse = os.path.abspath(warehouse)
@@ -178,6 +246,7 @@ class DeltaRsEngine:
         self._backoff = backoff
         self._max_conflict_seconds = max_conflict_seconds
         self._sleep = sleep
+        self._auto_compact = auto_compact
         self._local = threading.local()
 
     def table_uri(self, table: str) -> str:
@@ -234,7 +303,9 @@ class DeltaRsEngine:
         while True:
             snap = self.snapshot(table)
             try:
-                return fn(snap)
+                result = fn(snap)
+                self._after_commit(snap)
+                return result
             except CommitFailedError as exc:
                 elapsed = time.monotonic() - started
                 if elapsed > self._max_conflict_seconds:
@@ -244,6 +315,25 @@ class DeltaRsEngine:
                 log.debug("%s: commit conflict on %s (attempt %d), retrying", what, table, attempt + 1)
                 self._sleep(self._backoff.delay(attempt, random.random()))
                 attempt += 1
+
+    def _after_commit(self, snap: DeltaRsSnapshot) -> None:
+        """Auto-compaction: every `every` commits, compact the partitions just written if they hold many files."""
+        policy = self._auto_compact
+        if policy is None or not snap._committed:
+            return
+        dt = snap._dt
+        if not policy.due(dt.version()):
+            return
+        spec = snap._spec
+        for part in sorted(snap.written) if spec.partition_column else [None]:
+            try:
+                if file_count(dt, spec.partition_column, part) < policy.min_files:
+                    continue
+                metrics = compact(dt, spec.partition_column, part, target_size=policy.target_size)
+                log.info("compacted %s%s: %s files into %s", spec.name, f" {part}" if part else "",
+                         metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
+            except CommitFailedError:
+                log.debug("compaction of %s %s lost to a concurrent commit; the next one will retry", spec.name, part)
 
     def append(self, table: str, data: pa.Table) -> None:
         """Append (a blind append: it never conflicts semantically, only races for a version).

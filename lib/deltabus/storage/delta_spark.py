@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import plain
-from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, literal
+from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal
 from .tables import BY_NAME, TableSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,6 +121,19 @@ class DeltaSparkSnapshot:
         if filter is not None:
             table = table.filter(filter)
         return table.cast(self._schema(columns))
+
+    def read_first(
+        self,
+        limit: int,
+        sort_keys: Sequence[tuple[str, str]],
+        columns: Sequence[str],
+        partition: str | None = None,
+        filter: pc.Expression | None = None,
+        skip_files: Callable[[pa.Table], pa.Array] | None = None,
+    ) -> pa.Table:
+        """Spark skips files by the partition and its own statistics; the rest is done here."""
+        cols = list(dict.fromkeys([*columns, *(k for k, _ in sort_keys)]))
+        return first_rows(self.read(columns=cols, partition=partition, filter=filter), limit, sort_keys).select(list(columns))
 
     def _schema(self, columns: Sequence[str] | None) -> pa.Schema:
         schema = self._spec.schema

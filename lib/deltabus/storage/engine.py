@@ -60,6 +60,16 @@ class Snapshot(Protocol):
         prune: str | None = None,
     ) -> pa.Table: ...
 
+    def read_first(
+        self,
+        limit: int,
+        sort_keys: Sequence[tuple[str, str]],
+        columns: Sequence[str],
+        partition: str | None = None,
+        filter: pc.Expression | None = None,
+        skip_files: "Callable[[pa.Table], pa.Array] | None" = None,
+    ) -> pa.Table: ...
+
     def merge(
         self,
         source: pa.Table,
@@ -98,3 +108,11 @@ class Engine(Protocol):
     def version(self, table: str) -> int: ...
 
     def table_uri(self, table: str) -> str: ...
+
+
+def first_rows(table: pa.Table, limit: int, sort_keys: Sequence[tuple[str, str]]) -> pa.Table:
+    """The first `limit` rows of `table` in `sort_keys` order."""
+    if table.num_rows == 0:
+        return table
+    order = pc.sort_indices(table, list(sort_keys))
+    return table.take(order[:limit])

@@ -1,0 +1,151 @@
+"""Delta table maintenance for the embedded engine: compaction, checkpoints, vacuum.
+
+Why it matters (measured here with deltalake 1.6.6): every live file costs every later
+commit something, so an append to a table of 1,000-row files went from 12 ms at 100
+files to 43 ms at 400; one compaction brought it back to 16 ms. Publishing appends one
+file per batch, and each MERGE on ``deliveries`` leaves small files behind, so without
+compaction the cost of a message grows with the history of the table.
+
+- **Auto-compaction** (``AutoCompact``): after every ``every`` commits to a table, the
+  partition just written is compacted if it holds at least ``min_files`` files. It runs
+  in the writer that crossed the boundary, like Delta's ``autoCompact``. Compaction
+  commits change no data (``dataChange=false``), so the change feed, and with it
+  fan-out, never sees their rows again; the removed files stay on disk for readers of
+  older versions until ``vacuum``.
+- **Checkpoints**: delta-rs writes one every ``delta.checkpointInterval`` (100) commits.
+- **Vacuum** (``vacuum``): deletes files no version within the retention needs (7 days
+  by default, the log's own retention, so cursors within it can still read the feed).
+- **Purge**: an ack deletes its ``deliveries`` row in the same MERGE, so acked rows never
+  linger; vacuum then frees their files.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION_HOURS = 168
+
+
+@dataclass(frozen=True, slots=True)
+class AutoCompact:
+    every: int = 50  # commits between checks of one table
+    min_files: int = 32  # a partition with fewer files is left alone
+    target_size: int | None = None  # bytes; None = the table's delta.targetFileSize or delta-rs's default
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError("AutoCompact.every must be >= 1")
+        if self.min_files < 2:
+            raise ValueError("AutoCompact.min_files must be >= 2")
+
+    def due(self, version: int) -> bool:
+        return version > 0 and version % self.every == 0
+
+
+def file_count(dt: Any, partition_column: str | None, partition: str | None) -> int:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if partition_column is None or partition is None or actions.num_rows == 0:
+        return actions.num_rows
+    return int(pc.sum(pc.equal(actions[f"partition.{partition_column}"], partition)).as_py() or 0)
+
+
+def compact(dt: Any, partition_column: str | None, partition: str | None, *, target_size: int | None = None) -> Mapping[str, Any]:
+    """Rewrite the small files of one partition (or the table) into large ones; no data change."""
+    filters = [(partition_column, "=", partition)] if partition_column and partition is not None else None
+    return dt.optimize.compact(partition_filters=filters, target_size=target_size)
+
+
+def vacuum(dt: Any, retention_hours: int = DEFAULT_RETENTION_HOURS) -> list[str]:
+    """Delete files that no version within `retention_hours` refers to; return their paths."""
+    if retention_hours < 0:
+        raise ValueError("retention_hours must be >= 0")
+    return dt.vacuum(retention_hours=retention_hours, enforce_retention_duration=False, dry_run=False)
+
+
+def maintain_warehouse(warehouse: str, *, retention_hours: int = DEFAULT_RETENTION_HOURS, min_files: int = 2) -> list[dict[str, Any]]:
+    """Compact every partition of every table holding at least `min_files` files, write a
+    checkpoint, and vacuum files older than `retention_hours` that no version needs.
+
+    Safe while publishers, pullers and the push job run: compaction changes no data and a
+    conflicting compaction is skipped (the next run retries it)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    from ..errors import InvalidArgument
+    from .tables import ALL
+
+    if retention_hours < 0:
+        raise InvalidArgument("retention_hours", f"must be >= 0, got {retention_hours}")
+    if "://" not in warehouse:
+        import os
+
+        warehouse = os.path.abspath(warehouse)
+    report = []
+    for spec in ALL:
+        uri = f"{warehouse.rstrip('/')}/{spec.name}"
+        if not DeltaTable.is_deltatable(uri):
+            continue
+        dt = DeltaTable(uri)
+        col = spec.partition_column
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        parts: list[str | None] = [None]
+        if col is not None and actions.num_rows:
+            parts = [p for p in pc.unique(actions[f"partition.{col}"]).to_pylist() if p is not None]
+        before = actions.num_rows
+        skipped = 0
+        for part in parts:
+            if file_count(dt, col, part) < min_files:
+                continue
+            try:
+                compact(dt, col, part)
+            except CommitFailedError:
+                skipped += 1
+            dt.update_incremental()
+        dt.create_checkpoint()
+        hours = retention_hours
+        if spec.name == "messages":
+            hours = max(hours, _hours_to_keep_for_fan_out(warehouse, dt))
+        removed = vacuum(dt, hours)
+        report.append({"table": spec.name, "files_before": before, "files_after": file_count(dt, None, None),
+                       "vacuumed": len(removed), "compactions_skipped": skipped, "version": dt.version()})
+    return report
+
+
+def _hours_to_keep_for_fan_out(warehouse: str, messages: Any) -> int:
+    """Hours of messages-table history that subscriptions still have to fan out.
+
+    Fan-out reads the change feed from each subscription's cursor, which needs the files
+    of those versions: vacuum must keep every file written since the oldest cursor."""
+    import math
+    import time
+
+    from deltalake import DeltaTable
+
+    from ..leasing import cursor_app_id
+    from .arrow import read_table
+
+    subs = read_table(f"{warehouse.rstrip('/')}/subscriptions", ["sub_uid", "start_version"]).to_pylist()
+    if not subs:
+        return 0
+    deliveries = DeltaTable(f"{warehouse.rstrip('/')}/deliveries")
+    cursors = []
+    for row in subs:
+        cursor = deliveries.transaction_version(cursor_app_id(row["sub_uid"]))
+        cursors.append(row["start_version"] if cursor is None else cursor)
+    oldest = min(cursors) + 1
+    if oldest > messages.version():
+        return 0
+    stamps = [h["timestamp"] for h in messages.history() if h.get("version", -1) >= oldest and "timestamp" in h]
+    if not stamps:
+        return 0
+    age_hours = (time.time() - min(stamps) / 1000.0) / 3600.0
+    return int(math.ceil(age_hours)) + 1
