@@ -1,0 +1,485 @@
+"""deltabus benchmarks, side by side with their raw baselines, in one run (not a test).
+
+    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale]
+
+Writes bench/results/<date>.json and bench/results/<date>.png. Sections:
+
+1. push: a bare aiohttp client posting the same wrapped bodies to the same endpoint (the
+   ceiling), then ``jobs/deliver.py`` (through ./spark-submit.sh) delivering N messages,
+   acks merged into Delta. Measured from the endpoint's first request to the moment the
+   subscription's deliveries partition is empty (every ack merged). "cold" starts with
+   Pub/Sub's slow-start window of 3; "warm" is a second run whose window was restored
+   from the backlog table, as after any restart of a long-running job.
+2. publish: ``publish_batch`` of 1 KB x 1,000 against a bare ``write_deltalake`` append.
+3. pull + ack with 1 and 2 processes.
+4. latency: publish -> push arrival at a steady rate, p50 / p99.
+5. scale: the push job's cost per delivered message with a backlog of 10k, 100k and 1M,
+   and the time to answer the backlog SQL queries at each size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _clients(wh: str):
+    from deltabus import PublisherClient, SubscriberClient
+
+    return PublisherClient(warehouse=wh), SubscriberClient(warehouse=wh, allow_http=True)
+
+
+def _publish(pub, topic: str, n: int, size: int = 1024, per_batch: int = 1000) -> None:
+    msgs = [{"data": b"x" * size}] * per_batch
+    for start in range(0, n, per_batch):
+        pub.publish_batch(topic, msgs[: min(per_batch, n - start)])
+
+
+class _Watch:
+    """Cheap progress checks on a subscription: row counts from the Delta log's file
+    statistics (no data read), on one handle brought up to date incrementally."""
+
+    def __init__(self, wh: str, sub_uid: str) -> None:
+        from deltalake import DeltaTable
+
+        from deltabus.leasing import cursor_app_id
+
+        self._dt = DeltaTable(f"{wh}/deliveries")
+        self._uid = sub_uid
+        self._app = cursor_app_id(sub_uid)
+
+    def pending(self) -> int:
+        """Rows left in the subscription's deliveries partition (fanned out, not acked)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self._dt.update_incremental()
+        actions = pa.table(self._dt.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return 0
+        mine = actions.filter(pc.equal(actions["partition.sub_uid"], self._uid))
+        return int(pc.sum(mine["num_records"]).as_py() or 0)
+
+    def cursor(self) -> int | None:
+        self._dt.update_incremental()
+        return self._dt.transaction_version(self._app)
+
+
+def _deliver(wh: str, *, max_seconds: float | None = None, until_idle: bool = True, trigger: float = 0.2) -> subprocess.Popen:
+    args = [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", wh, "--allow-http", "--trigger-interval", str(trigger)]
+    if until_idle:
+        args.append("--until-idle")
+    if max_seconds is not None:
+        args += ["--max-seconds", str(max_seconds)]
+    env = {**os.environ, "DELTABUS_SHIP": "0"}
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_drained(wh: str, sub_uid: str, proc: subprocess.Popen, start_version: int, timeout: float) -> float:
+    """Seconds since epoch when the subscription's cursor passed start_version and its partition emptied."""
+    deadline = time.time() + timeout
+    watch = _Watch(wh, sub_uid)
+    while time.time() < deadline:
+        cur = watch.cursor()
+        if cur is not None and cur >= start_version and watch.pending() == 0:
+            return time.time()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"not drained (job exit {proc.poll()}): {proc.stdout.read() if proc.stdout else ''}")
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"deliver.py exited {proc.returncode}:\n{out[-4000:]}")
+    return out
+
+
+# -- 1. push against the raw limit ---------------------------------------------------------
+def raw_push(url: str, bodies: list[bytes], concurrency: int = 128) -> float:
+    """Messages/s of a bare aiohttp client posting `bodies` (no Spark, no Delta)."""
+    import aiohttp
+
+    async def run() -> float:
+        queue = iter(bodies)
+        conn = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=conn) as session:
+
+            async def worker() -> None:
+                for body in queue:
+                    async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+                        await resp.read()
+                        if resp.status != 204:
+                            raise RuntimeError(resp.status)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return len(bodies) / (time.perf_counter() - t0)
+
+    return asyncio.run(run())
+
+
+def push(n: int, warm_n: int) -> dict[str, Any]:
+    from bench.endpoint import BenchEndpoint
+    from deltabus.push.body import wrapped
+
+    wh = tempfile.mkdtemp(prefix="bench-push-")
+    pub, sub = _clients(wh)
+    topic = pub.topic_path("bench", "push")
+    pub.create_topic(name=topic)
+    out: dict[str, Any] = {"messages": n, "payload_bytes": 1024}
+    with BenchEndpoint() as ep:
+        now = dt.datetime.now(dt.timezone.utc)
+        bodies = [
+            wrapped(subscription="projects/bench/subscriptions/push", message_id=str(10**15 + i), data=b"x" * 1024,
+                    attributes={}, publish_time=now, ordering_key="", delivery_attempt=1)
+            for i in range(n)
+        ]
+        raw_push(ep.url, bodies[:2000])  # warm up
+        out["raw_msgs_per_s"] = round(raw_push(ep.url, bodies), 1)
+        log(f"push: raw aiohttp {out['raw_msgs_per_s']:.0f} msg/s")
+        del bodies
+        name = sub.subscription_path("bench", "push")
+        sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
+        uid = sub._registry.subscription(name).sub_uid
+        for label, count in (("cold", warm_n), ("warm", n)):
+            ep.reset()
+            _publish(pub, topic, count)
+            version = pub.engine.version("messages")
+            proc = _deliver(wh)
+            done = _wait_drained(wh, uid, proc, version, timeout=600)
+            stats = ep.stats()
+            _finish(proc)
+            rate = count / (done - stats["first"])
+            out[f"{label}_messages"] = count
+            out[f"{label}_msgs_per_s"] = round(rate, 1)
+            out[f"{label}_requests"] = stats["count"]
+            log(f"push ({label}, {count}): {rate:.0f} msg/s, {stats['count']} requests")
+    out["ratio_warm"] = round(out["warm_msgs_per_s"] / out["raw_msgs_per_s"], 3)
+    out["ratio_cold"] = round(out["cold_msgs_per_s"] / out["raw_msgs_per_s"], 3)
+    out["window_after"] = _window(wh)
+    return out
+
+
+def _window(wh: str) -> int | None:
+    from deltabus.storage.arrow import read_table
+
+    rows = read_table(f"{wh}/backlog", ["push_window"])["push_window"].to_pylist()
+    return max((r for r in rows if r is not None), default=None)
+
+
+# -- 2. publish against raw write_deltalake ----------------------------------------------------
+def publish(batches: int) -> dict[str, Any]:
+    from bench.foundation import publish_rate
+
+    with tempfile.TemporaryDirectory() as wh:
+        r = publish_rate(wh, batches)
+    out = {"publish_msgs_per_s": round(r["publish_msgs_per_s"], 1), "raw_write_deltalake_msgs_per_s": round(r["raw_write_deltalake_msgs_per_s"], 1)}
+    out["ratio"] = round(out["publish_msgs_per_s"] / out["raw_write_deltalake_msgs_per_s"], 3)
+    log(f"publish: {out}")
+    return out
+
+
+# -- 3. pull + ack with 1 and 2 processes ------------------------------------------------------
+def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any) -> None:  # child process
+    sys.path.insert(0, str(ROOT))
+    from deltabus import SubscriberClient
+
+    sub = SubscriberClient(warehouse=wh)
+    idle = 0
+    while counter.value < stop_at and idle < 20:
+        got = sub.pull(subscription=name, max_messages=max_messages, return_immediately=True).received_messages
+        if got:
+            sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in got])
+            with counter.get_lock():
+                counter.value += len(got)
+            idle = 0
+        else:
+            idle += 1
+            time.sleep(0.02)
+    sub.close()
+
+
+def pull(n: int, max_messages: int = 1000) -> dict[str, Any]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out: dict[str, Any] = {"messages": n, "max_messages": max_messages}
+    for procs in (1, 2):
+        wh = tempfile.mkdtemp(prefix="bench-pull-")
+        pub, sub = _clients(wh)
+        topic = pub.topic_path("bench", "pull")
+        name = sub.subscription_path("bench", "pull")
+        pub.create_topic(name=topic)
+        sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
+        _publish(pub, topic, n)
+        counter = ctx.Value("q", 0)
+        workers = [ctx.Process(target=_puller, args=(wh, name, max_messages, n, counter)) for _ in range(procs)]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(600)
+        elapsed = time.perf_counter() - t0
+        out[f"processes_{procs}_msgs_per_s"] = round(counter.value / elapsed, 1)
+        out[f"processes_{procs}_acked"] = counter.value
+        log(f"pull+ack, {procs} process(es): {counter.value / elapsed:.0f} msg/s")
+    return out
+
+
+# -- 4. latency at a steady rate ---------------------------------------------------------------
+def latency(rate: float, seconds: float, warmup: float) -> dict[str, Any]:
+    """Publish -> push arrival at a steady `rate`. The first `warmup` seconds at that rate are
+    not counted: they are the push window's slow start from 3 (a long-running job keeps its
+    window, and restores it from the backlog table on restart)."""
+    from bench.endpoint import BenchEndpoint
+
+    wh = tempfile.mkdtemp(prefix="bench-latency-")
+    pub, sub = _clients(wh)
+    topic = pub.topic_path("bench", "latency")
+    pub.create_topic(name=topic)
+    with BenchEndpoint(track_ids=True) as ep:
+        name = sub.subscription_path("bench", "latency")
+        sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
+        proc = _deliver(wh, until_idle=False, max_seconds=seconds + 90, trigger=0.1)
+        # Warm up: wait until the job answers (its first push arrives), as a long-running job would be.
+        probe = pub.publish_batch(topic, [{"data": b"warm"}])
+        deadline = time.time() + 90
+        while time.time() < deadline and not ep.stats()["count"]:
+            time.sleep(0.1)
+        published: dict[str, float] = {}
+        tick = 0.05
+        t_begin = time.time()
+        t_measure = t_begin + warmup
+        t_end = t_measure + seconds
+        sent = 0
+        while time.time() < t_end:
+            at = time.time()
+            # Whatever is due by now: a publish slowed by a busy CPU is caught up at once,
+            # so the offered rate stays `rate`. Each message is timed from its publish call.
+            due = int((at - t_begin) * rate) - sent
+            if due > 0:
+                ids = pub.publish_batch(topic, [{"data": b"x" * 256}] * due)
+                if at >= t_measure:
+                    published.update(dict.fromkeys(ids, at))
+                sent += due
+            time.sleep(max(0.0, tick - (time.time() - at)))
+        actual_rate = len(published) / seconds  # offered rate over the measured seconds
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            seen = ep.stats()["seen"]
+            if all(m in seen for m in published):
+                break
+            time.sleep(0.5)
+        proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    lat = sorted(seen[m] - t for m, t in published.items() if m in seen)
+    del probe
+
+    def q(p: float) -> float:
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3)
+
+    out = {"target_rate": rate, "actual_rate": round(actual_rate, 1), "seconds": seconds, "warmup_seconds": warmup, "messages": len(published),
+           "received": len(lat), "p50_s": q(0.5), "p99_s": q(0.99), "max_s": round(lat[-1], 3), "samples": lat[:: max(1, len(lat) // 500)]}
+    log(f"latency at {actual_rate:.0f} msg/s: p50 {out['p50_s']} s, p99 {out['p99_s']} s, {len(lat)}/{len(published)} received")
+    return out
+
+
+# -- 5. scale: cost per message as the backlog grows --------------------------------------------
+def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float]) -> dict[str, Any]:
+    """Per backlog size: a fresh warehouse, `size` messages published before the job starts,
+    then the time per ack between the `skip`-th and the (`skip` + `measure`)-th ack.
+
+    Every size starts from the same cold window, so the figures differ only by what the
+    backlog's size costs (fan-out, lease reads and MERGEs, backlog refreshes)."""
+    from bench.endpoint import BenchEndpoint
+
+    out: dict[str, Any] = {"skip": skip, "measure": measure, "sizes": {}}
+    for size in sizes:
+        assert size >= skip + measure, (size, skip, measure)
+        wh = tempfile.mkdtemp(prefix=f"bench-scale-{size}-")
+        pub, sub = _clients(wh)
+        topic = pub.topic_path("bench", "scale")
+        pub.create_topic(name=topic)
+        with BenchEndpoint() as ep:
+            name = sub.subscription_path("bench", "scale")
+            sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
+            t0 = time.perf_counter()
+            _publish(pub, topic, size, size=100)
+            publish_s = time.perf_counter() - t0
+            proc = _deliver(wh, until_idle=False, max_seconds=3600, trigger=0.5)
+
+            def wait_for(count: int) -> float:
+                while ep.stats()["count"] < count:
+                    if proc.poll() is not None:
+                        raise RuntimeError(_finish(proc))
+                    time.sleep(0.05)
+                return time.time()
+
+            t_start = wait_for(skip)
+            t_done = wait_for(skip + measure)
+            proc.terminate()
+            proc.communicate(timeout=120)
+            sub.refresh_backlog()
+            backlog_s = sql_times(wh, sql)
+        per_msg_ms = (t_done - t_start) / measure * 1000
+        out["sizes"][str(size)] = {"publish_s": round(publish_s, 2), "cost_ms_per_msg": round(per_msg_ms, 4),
+                                   "msgs_per_s": round(measure / (t_done - t_start), 1), **backlog_s}
+        log(f"scale {size}: {per_msg_ms:.3f} ms/msg, sql {backlog_s}")
+    first, last = str(sizes[0]), str(sizes[-1])
+    out["cost_ratio_largest_vs_smallest"] = round(out["sizes"][last]["cost_ms_per_msg"] / out["sizes"][first]["cost_ms_per_msg"], 3)
+    return out
+
+
+def sql_times(wh: str, sql: Callable[[str], float]) -> dict[str, float]:
+    return {
+        "backlog_sql_s": round(sql(f"{wh}|select subscription, num_undelivered_messages, oldest_unacked_message_age from backlog order by 2 desc"), 3),
+        "deliveries_sql_s": round(sql(f"{wh}|select subscription, state, count(*) from deliveries group by 1, 2"), 3),
+    }
+
+
+def spark_sql_timer() -> Callable[[str], float]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import deltabus.spark
+
+    spark = (
+        SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def timed(arg: str) -> float:
+        wh, query = arg.split("|", 1)
+        deltabus.spark.session(warehouse=wh, spark=spark)
+        spark.sql(query).collect()  # plan and warm once, as a user re-running a query would
+        t0 = time.perf_counter()
+        spark.sql(query).collect()
+        return time.perf_counter() - t0
+
+    return timed
+
+
+# -- chart and main --------------------------------------------------------------------------
+def chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    r = result["results"]
+    if "push" in r:
+        p = r["push"]
+        ax = axes[0]
+        ax.bar(["raw aiohttp", "deliver (warm)", "deliver (cold)"], [p["raw_msgs_per_s"], p["warm_msgs_per_s"], p["cold_msgs_per_s"]], color=["grey", "C0", "C1"])
+        ax.axhline(0.5 * p["raw_msgs_per_s"], ls="--", color="red", label="target 0.5x raw")
+        ax.set_title("push, msg/s")
+        ax.legend()
+    if "publish" in r or "pull" in r:
+        ax = axes[1]
+        labels, values, colors = [], [], []
+        if "publish" in r:
+            labels += ["raw write_deltalake", "publish_batch"]
+            values += [r["publish"]["raw_write_deltalake_msgs_per_s"], r["publish"]["publish_msgs_per_s"]]
+            colors += ["grey", "C0"]
+        if "pull" in r:
+            labels += ["pull+ack x1", "pull+ack x2"]
+            values += [r["pull"]["processes_1_msgs_per_s"], r["pull"]["processes_2_msgs_per_s"]]
+            colors += ["C2", "C2"]
+        ax.bar(labels, values, color=colors)
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.set_title("publish and pull, msg/s")
+    if "latency" in r:
+        ax = axes[2]
+        lat = r["latency"]["samples"]
+        ax.plot(sorted(lat), [i / max(1, len(lat) - 1) for i in range(len(lat))])
+        ax.axvline(3.0, ls="--", color="red", label="p99 target 3 s")
+        ax.set_title(f"publish -> push latency CDF at {r['latency']['actual_rate']:.0f}/s")
+        ax.set_xlabel("seconds")
+        ax.legend()
+    if "scale" in r:
+        ax = axes[3]
+        sizes = list(r["scale"]["sizes"])
+        xs = [int(s) for s in sizes]
+        ax.plot(xs, [r["scale"]["sizes"][s]["cost_ms_per_msg"] for s in sizes], marker="o", color="C0", label="push job, ms per delivered msg")
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("ms per message", color="C0")
+        ax2 = ax.twinx()
+        ax2.plot(xs, [r["scale"]["sizes"][s]["backlog_sql_s"] for s in sizes], marker="s", color="C1", label="backlog SQL")
+        ax2.plot(xs, [r["scale"]["sizes"][s]["deliveries_sql_s"] for s in sizes], marker="^", color="C2", label="deliveries by state SQL")
+        ax2.set_ylim(bottom=0)
+        ax2.set_ylabel("query seconds")
+        ax.set_xscale("log")
+        ax.set_title("cost as the backlog grows")
+        ax.set_xlabel("backlog (messages)")
+        ax.legend(loc="lower left", fontsize=8)
+        ax2.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, not the figures of record)")
+    p.add_argument("--only", default="push,publish,pull,latency,scale", help="comma-separated sections")
+    p.add_argument("--out", help="result path stem (default bench/results/<date>)")
+    args = p.parse_args(argv)
+    sections = set(args.only.split(","))
+    q = args.quick
+    started = time.time()
+    result: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "quick": q,
+        "results": {},
+    }
+    r = result["results"]
+    if "push" in sections:
+        r["push"] = push(n=5_000 if q else 50_000, warm_n=3_000 if q else 20_000)
+    if "publish" in sections:
+        r["publish"] = publish(batches=10 if q else 50)
+    if "pull" in sections:
+        r["pull"] = pull(n=3_000 if q else 20_000)
+    if "latency" in sections:
+        r["latency"] = latency(rate=500, seconds=10 if q else 60, warmup=10 if q else 20)
+    if "scale" in sections:
+        r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000], skip=200 if q else 2_000,
+                           measure=600 if q else 6_000, sql=spark_sql_timer())
+    result["seconds"] = round(time.time() - started, 1)
+    stem = Path(args.out) if args.out else RESULTS / dt.date.today().isoformat()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    chart(result, Path(f"{stem}.png"))
+    log(f"wrote {stem}.json and {stem}.png in {result['seconds']:.0f} s")
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in r.items()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
