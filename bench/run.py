@@ -167,7 +167,7 @@ def push(n: int, warm_n: int) -> dict[str, Any]:
             ep.reset()
             _publish(pub, topic, count)
             version = pub.engine.version("messages")
-            proc = _deliver(wh)
+            proc = _deliver(wh, trigger=0.5)  # conf/deltabus.conf's default trigger
             done = _wait_drained(wh, uid, proc, version, timeout=600)
             stats = ep.stats()
             _finish(proc)
@@ -262,7 +262,7 @@ def latency(rate: float, seconds: float, warmup: float) -> dict[str, Any]:
     with BenchEndpoint(track_ids=True) as ep:
         name = sub.subscription_path("bench", "latency")
         sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
-        proc = _deliver(wh, until_idle=False, max_seconds=seconds + 90, trigger=0.1)
+        proc = _deliver(wh, until_idle=False, max_seconds=seconds + warmup + 90, trigger=0.1)
         # Warm up: wait until the job answers (its first push arrives), as a long-running job would be.
         probe = pub.publish_batch(topic, [{"data": b"warm"}])
         deadline = time.time() + 90
@@ -294,9 +294,14 @@ def latency(rate: float, seconds: float, warmup: float) -> dict[str, Any]:
             time.sleep(0.5)
         proc.terminate()
         try:
-            proc.communicate(timeout=60)
+            job_out = proc.communicate(timeout=60)[0] or ""
         except subprocess.TimeoutExpired:
             proc.kill()
+            job_out = ""
+    missing = [t for m, t in published.items() if m not in seen]
+    if missing:
+        log(f"latency: {len(missing)} messages not received; published {min(missing) - t_measure:.1f}..{max(missing) - t_measure:.1f} s into the run")
+        log("job output tail:\n" + "\n".join(job_out.splitlines()[-15:]))
     lat = sorted(seen[m] - t for m, t in published.items() if m in seen)
     del probe
 
