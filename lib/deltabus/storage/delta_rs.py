@@ -115,7 +115,9 @@ class DeltaRsSnapshot:
         empty = self._spec.schema.empty_table().select(cols)
         if actions.num_rows == 0 or limit <= 0:
             return empty.select(list(columns))
-        actions = actions.sort_by([(f"min.{key}", "ascending")], null_placement="at_start")
+        lows = actions[f"min.{key}"]
+        # Files without statistics first (they may hold anything), then by their minimum.
+        actions = pa.concat_tables([actions.filter(pc.is_null(lows)), actions.filter(pc.is_valid(lows)).sort_by([(f"min.{key}", "ascending")])])
         ds = dataset(self._dt, self._uri, self._partition_sql(partition))
         fragments = {f.path.rsplit("/", 1)[-1]: f for f in ds.get_fragments()}
         expr = self._filter(partition, filter)
