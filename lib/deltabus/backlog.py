@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable
 
 import pyarrow as pa
@@ -62,6 +62,22 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
         expired_ack_deadlines=int(delivered_n - outstanding),
         updated_at=dt.datetime.fromtimestamp(now, tz=dt.timezone.utc),
     )
+
+
+PUSH_FIELDS = ("delivered", "acked", "nacked", "push_window", "backoff_seconds")
+
+
+def keep_push_fields(engine: Engine, stats: Iterable[BacklogStats]) -> list[BacklogStats]:
+    """Stats computed outside the push job, with each push subscription's counters, window and
+    backoff carried over from the backlog table (the job restores its window from them)."""
+    current = {r["subscription"]: r for r in engine.snapshot(BACKLOG.name).read(columns=["subscription", *PUSH_FIELDS]).to_pylist()}
+    out = []
+    for s in stats:
+        row = current.get(s.subscription)
+        if row is not None and s.delivered is None:
+            s = replace(s, **{f: row[f] for f in PUSH_FIELDS})
+        out.append(s)
+    return out
 
 
 def write(engine: Engine, stats: Iterable[BacklogStats]) -> None:

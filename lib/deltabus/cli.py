@@ -205,9 +205,10 @@ def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
     from . import SubscriberClient
 
     sub = SubscriberClient(warehouse=args.warehouse)
+    figures = {b.subscription: b for b in sub.refresh_backlog()}  # also what `select ... from backlog` shows
     rows = []
     for s in sub.list_subscriptions(project=args.project):
-        b = sub.get_backlog(s.name)
+        b = figures[s.name]
         rows.append({
             "subscription": s.name, "type": "push" if s.push_config.is_push else "pull",
             "undelivered": b.num_undelivered_messages, "outstanding": b.num_outstanding_messages,
@@ -287,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait this long for a message (default: return at once)")
     pl.set_defaults(func=cmd_pull)
 
-    b = cmds.add_parser("backlog", help="each subscription's backlog as a table", parents=[common])
+    b = cmds.add_parser("backlog", help="each subscription's backlog as a table (and rewrite the backlog table)", parents=[common])
     b.set_defaults(func=cmd_backlog)
 
     m = cmds.add_parser("maintenance", help="compact small files, checkpoint and vacuum every table", parents=[common])

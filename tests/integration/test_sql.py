@@ -70,3 +70,24 @@ def test_repl_runs_statements_and_survives_errors(spark, pub, topic, warehouse):
 def test_sql_job_help():
     out = subprocess.run([sys.executable, str(ROOT / "jobs" / "sql.py"), "--help"], capture_output=True, text=True, check=True)
     assert "--execute" in out.stdout and "--warehouse" in out.stdout
+
+
+def test_a_new_session_shows_a_current_backlog_and_keeps_the_push_jobs_figures(spark, pub, sub, topic, subscription, warehouse):
+    from deltabus import backlog as backlog_mod
+    from deltabus.storage import open_engine
+
+    pusher = sub.subscription_path("local", "pushed")
+    sub.create_subscription(name=pusher, topic=topic, push_config={"push_endpoint": "https://example.com/push"})
+    engine = open_engine(warehouse)
+    # What a push job left behind: its counters and window for `pusher`.
+    seeded = backlog_mod.compute(engine, sub._registry.subscription(pusher), time.time())
+    from dataclasses import replace
+
+    backlog_mod.write(engine, [replace(seeded, delivered=7, acked=6, nacked=1, push_window=5000, backoff_seconds=0.0)])
+    pub.publish_batch(topic, [{"data": b"a"}, {"data": b"b"}])  # nobody refreshed the backlog since
+
+    s = deltabus.spark.session(warehouse, spark=spark)
+    rows = {r.subscription: r for r in s.sql("select * from backlog").collect()}
+    assert rows[subscription].num_undelivered_messages == 2 and rows[subscription].push_window is None
+    assert rows[pusher].num_undelivered_messages == 2
+    assert (rows[pusher].delivered, rows[pusher].acked, rows[pusher].push_window) == (7, 6, 5000)

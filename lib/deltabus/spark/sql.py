@@ -70,11 +70,19 @@ def register(spark: "SparkSession", warehouse: str) -> str:
     return "delta-spark" if use_delta else "delta-rs"
 
 
-def session(warehouse: str, *, spark: "SparkSession | None" = None, app_name: str = "deltabus") -> "SparkSession":
-    """A SparkSession on which topics, subscriptions, messages, deliveries and backlog are queryable."""
-    from ..storage import open_engine
+def session(
+    warehouse: str, *, spark: "SparkSession | None" = None, app_name: str = "deltabus", refresh_backlog: bool = True
+) -> "SparkSession":
+    """A SparkSession on which topics, subscriptions, messages, deliveries and backlog are queryable.
 
-    open_engine(warehouse)  # validates the warehouse and creates missing tables, so every view resolves
+    With `refresh_backlog` (the default) the backlog table is recomputed first, so ``backlog``
+    answers for pull-only warehouses too (a running push job also rewrites it every second)."""
+    from ..storage import open_engine
+    from ..subscriber.client import SubscriberClient
+
+    engine = open_engine(warehouse, engine="delta-rs")  # validates the warehouse and creates missing tables
+    if refresh_backlog:
+        SubscriberClient(engine=engine).refresh_backlog()
     if spark is None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

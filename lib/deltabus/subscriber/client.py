@@ -286,9 +286,11 @@ class SubscriberClient(ClientBase):
         return backlog.compute(self._engine, rec, self._clock())
 
     def refresh_backlog(self) -> list["backlog.BacklogStats"]:
-        """Compute every subscription's backlog and write it to the ``backlog`` table."""
+        """Compute every subscription's backlog and write it to the ``backlog`` table (push
+        subscriptions keep the push job's counters, window and backoff)."""
         now = self._clock()
         stats = [backlog.compute(self._engine, rec, now) for _, rec in sorted(self._registry.subscriptions().items())]
+        stats = backlog.keep_push_fields(self._engine, stats)
         backlog.write(self._engine, stats)
         return stats
 
