@@ -522,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000], skip=200 if q else 2_000,
                            measure=600 if q else 6_000, sql=spark_sql_timer())
     result["seconds"] = round(time.time() - started, 1)
-    stem = Path(args.out) if args.out else RESULTS / dt.date.today().isoformat()
+    # A smoke run never overwrites the day's results of record.
+    stem = Path(args.out) if args.out else RESULTS / (dt.date.today().isoformat() + ("-quick" if q else ""))
     stem.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     chart(result, Path(f"{stem}.png"))
