@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from .errors import InvalidArgument
 
-ENGINES = ("auto", "delta-rs", "delta-spark")  # storage.ENGINES, without importing storage here
+# The storage engines a job may choose (storage imports this; config stays free of storage imports).
+ENGINES = ("auto", "delta-rs", "delta-spark")
 
 SECTION = "deltabus"
 TRUE = {"1", "true", "yes", "on"}

@@ -11,6 +11,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..config import ENGINES
 from ..errors import FailedPrecondition, InvalidArgument
 from .delta_rs import DeltaRsEngine
 from .engine import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
@@ -18,7 +19,6 @@ from .engine import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snap
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-ENGINES = ("auto", "delta-rs", "delta-spark")
 ENGINE_ENV = "DELTABUS_ENGINE"
 DELTA_PACKAGE_HINT = (
     "start Spark with the Delta jars, e.g. spark-submit --packages io.delta:delta-spark_2.13:<version> "

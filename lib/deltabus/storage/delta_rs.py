@@ -18,7 +18,7 @@ from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .maintenance import AutoCompact, compact, file_count
-from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal
+from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, txn_list
 from .tables import BY_NAME, TableSpec
 
 log = logging.getLogger(__name__)
@@ -156,10 +156,8 @@ class DeltaRsSnapshot:
         app_txn: tuple[str, int] | Sequence[tuple[str, int]] | None = None,
     ) -> Mapping[str, int]:
         self._check()
-        props = None
-        if app_txn:
-            txns = [app_txn] if isinstance(app_txn[0], str) else list(app_txn)  # type: ignore[list-item]
-            props = CommitProperties(app_transactions=[Transaction(a, int(v)) for a, v in txns])
+        txns = txn_list(app_txn)
+        props = CommitProperties(app_transactions=[Transaction(a, int(v)) for a, v in txns]) if txns else None
         # streamed_exec=False lets delta-rs bound the target scan by the source's key range
         # (file skipping on message_id stats): measured flat ~23 ms with 1 or 200 files,
         # against a scan of every file in the partition when streamed.

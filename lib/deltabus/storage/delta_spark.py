@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import plain
-from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal
+from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, txn_list
 from .tables import BY_NAME, TableSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -164,7 +164,7 @@ class DeltaSparkSnapshot:
     ) -> Mapping[str, int]:
         from delta.tables import DeltaTable
 
-        txns = _txn_list(app_txn)
+        txns = txn_list(app_txn)
         column = self._spec.partition_column
         partitions = source[column].unique().to_pylist() if column and column in source.column_names else None
         self._claim(partitions, [a for a, _ in txns])
@@ -238,14 +238,6 @@ def moved(before: "RsTable", after: "RsTable", column: str, partitions: Sequence
     if any(before.transaction_version(a) != after.transaction_version(a) for a in app_ids):
         return True
     return files(before) != files(after)
-
-
-def _txn_list(app_txn: tuple[str, int] | Sequence[tuple[str, int]] | None) -> list[tuple[str, int]]:
-    if not app_txn:
-        return []
-    if isinstance(app_txn[0], str):
-        return [app_txn]  # type: ignore[list-item]
-    return list(app_txn)  # type: ignore[arg-type]
 
 
 class DeltaSparkEngine:

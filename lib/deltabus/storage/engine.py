@@ -116,3 +116,12 @@ def first_rows(table: pa.Table, limit: int, sort_keys: Sequence[tuple[str, str]]
         return table
     order = pc.sort_indices(table, list(sort_keys))
     return table.take(order[:limit])
+
+
+def txn_list(app_txn: tuple[str, int] | Sequence[tuple[str, int]] | None) -> list[tuple[str, int]]:
+    """A merge's ``app_txn`` argument (one (app id, version) pair, several, or None) as a list."""
+    if not app_txn:
+        return []
+    if isinstance(app_txn[0], str):
+        return [app_txn]  # type: ignore[list-item]
+    return list(app_txn)  # type: ignore[arg-type]

@@ -76,7 +76,6 @@ def maintain_warehouse(warehouse: str, *, retention_hours: int = DEFAULT_RETENTI
     Safe while publishers, pullers and the push job run: compaction changes no data and a
     conflicting compaction is skipped (the next run retries it)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
@@ -97,13 +96,15 @@ def maintain_warehouse(warehouse: str, *, retention_hours: int = DEFAULT_RETENTI
         dt = DeltaTable(uri)
         col = spec.partition_column
         actions = pa.table(dt.get_add_actions(flatten=True))
-        parts: list[str | None] = [None]
-        if col is not None and actions.num_rows:
-            parts = [p for p in pc.unique(actions[f"partition.{col}"]).to_pylist() if p is not None]
         before = actions.num_rows
+        # Files per partition, counted once from the log (compacting one partition leaves the others' counts).
+        counts: dict[str | None, int] = {None: before}
+        if col is not None and before:
+            grouped = actions.group_by(f"partition.{col}").aggregate([("path", "count")])
+            counts = dict(zip(grouped[f"partition.{col}"].to_pylist(), grouped["path_count"].to_pylist()))
         skipped = 0
-        for part in parts:
-            if file_count(dt, col, part) < min_files:
+        for part, files in counts.items():
+            if files < min_files or (col is not None and part is None):
                 continue
             try:
                 compact(dt, col, part)
