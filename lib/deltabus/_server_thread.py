@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Callable
 
 from aiohttp import web
 
@@ -46,6 +47,10 @@ class ServerThread:
         if self._error is not None:
             raise self._error
         return self
+
+    def call_soon(self, fn: "Callable[[], object]") -> None:
+        """Run `fn` on the server's event loop (from any thread)."""
+        self._loop.call_soon_threadsafe(fn)
 
     def stop(self) -> None:
         if not self._thread.is_alive():

@@ -251,18 +251,26 @@ def modify_deadline(
     return engine.transact(DELIVERIES.name, fn, what=f"modify_ack_deadline {sub.name}")
 
 
-def fetch_messages(engine: Engine, topic_uid: str, message_ids: Sequence[str]) -> dict[str, dict]:
-    """Payloads of the given messages from the messages table, keyed by message_id."""
-    if not message_ids:
-        return {}
-    ids = pa.array(sorted(set(message_ids)), pa.string())
-    lo, hi = ids[0].as_py(), ids[-1].as_py()
+def read_payloads(engine: Engine, topic_uid: str, message_ids: pa.Array) -> pa.Table:
+    """message_id, data, attributes, ordering_key, publish_time of the given messages (any order)."""
+    columns = ["message_id", "data", "attributes", "ordering_key", "publish_time"]
+    if len(message_ids) == 0:
+        return pa.table({c: pa.array([], MESSAGES.schema.field(c).type) for c in columns})
+    ids = pc.unique(message_ids)
+    lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
     # Ids are digits only (checked when the ack id was decoded or the lease read), so the
     # range can go into SQL; it lets file statistics skip every file outside it.
-    table = engine.snapshot(MESSAGES.name).read(
-        columns=["message_id", "data", "attributes", "ordering_key", "publish_time"],
+    return engine.snapshot(MESSAGES.name).read(
+        columns=columns,
         partition=topic_uid,
         filter=pc.field("message_id").isin(ids),
         prune=f"message_id >= {literal(lo)} AND message_id <= {literal(hi)}",
     )
+
+
+def fetch_messages(engine: Engine, topic_uid: str, message_ids: Sequence[str]) -> dict[str, dict]:
+    """Payloads of the given messages from the messages table, keyed by message_id."""
+    if not message_ids:
+        return {}
+    table = read_payloads(engine, topic_uid, pa.array(list(message_ids), pa.string()))
     return {row["message_id"]: row for row in table.to_pylist()}

@@ -2,7 +2,7 @@
 
 Every micro-batch (``DeliveryJob.on_batch``, the foreachBatch handler):
 
-1. folds in the outcomes of push jobs that finished since the last batch: each
+1. folds in the outcomes the push workers reported since the last batch: each
    subscription's backoff and push window move, and its acks and nacks are queued;
 2. commits ONE MERGE into ``deliveries`` (``plan.execute``) that fans the batch's new
    messages out to every push subscription of their topic (each from its own cursor,
@@ -10,10 +10,10 @@ Every micro-batch (``DeliveryJob.on_batch``, the foreachBatch handler):
    leases what is due (new, nacked, or past its ack deadline) within each window and
    outside backoff. The commit carries the application transaction (job, batch id): a
    batch Spark replays after a crash is recognised and skipped;
-3. hands the new leases to executors: a Spark job (``mapInArrow``) POSTs them, one
-   aiohttp session per partition. It runs in the background so a slow endpoint (an
-   ack deadline of up to 600 s) never holds back other subscriptions; its outcomes are
-   folded in by a later batch;
+3. queues the new leases' requests for the push workers: long-lived tasks on the
+   executors (``pool.PushPool``) that POST them and report each outcome back, to be
+   folded in by a later batch. Each worker caps what it holds per subscription, so a
+   slow endpoint (an ack deadline of up to 600 s) never holds back other subscriptions;
 4. rewrites the ``backlog`` table every ``backlog_interval`` seconds.
 
 Leases are committed before anything is pushed: if the job dies at any point, the
@@ -28,7 +28,6 @@ import logging
 import random
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -37,30 +36,20 @@ import pyarrow.compute as pc
 
 from .. import backlog as backlog_mod
 from ..config import Settings
-from ..leasing import fetch_messages
+from ..leasing import read_payloads
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, open_engine
 from ..storage.tables import BACKLOG, DELIVERIES
 from . import plan
 from .auth import SigningKey, TokenSource
-from .sender import OUTCOME_SCHEMA, REQUEST_SCHEMA, deliver_partition
+from .pool import PushPool
+from .sender import REQUEST_SCHEMA
 from .state import Round, SubState
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("deltabus.deliver")
-
-OUTCOME_DDL = "sub_uid string, message_id string, delivery_attempt int, status int, outcome string, latency_seconds double"
-
-
-@dataclass(slots=True)
-class Flight:
-    """One background push job."""
-
-    future: Future  # type: ignore[type-arg]
-    ids: dict[str, set[str]]  # sub_uid -> message ids it pushes
-
 
 @dataclass(slots=True)
 class BatchReport:
@@ -98,19 +87,8 @@ class RunSummary:
 # At most this share of the job's time goes to refreshing the backlog table.
 BACKLOG_DUTY = 10.0  # refresh at most every 10x the last refresh's duration
 
-# A flight's outcomes only come back when its whole Spark job ends. Large lease sets go out
-# as several jobs, so the first outcomes (and the window room they free) return early.
-CHUNK_MIN = 1_000
-
-
-def _chunks(requests: pa.Table, partitions: int) -> list[tuple[pa.Table, int]]:
-    """Split a flight into jobs of >= CHUNK_MIN pushes: (requests, Spark partitions) each."""
-    n = requests.num_rows
-    jobs = max(1, min(partitions, n // CHUNK_MIN))
-    if jobs == 1:
-        return [(requests, max(1, min(partitions, n // 64 or 1)))]
-    size = -(-n // jobs)
-    return [(requests.slice(i, size), 1) for i in range(0, n, size)]
+# When the job stops, pushes already handed to workers get this long past their deadline to report.
+DRAIN_GRACE = 5.0
 
 
 def endpoint_allowed(sub: SubscriptionRecord, allow_http: bool) -> bool:
@@ -127,7 +105,6 @@ class DeliveryJob:
         engine: Engine | None = None,
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
-        max_parallel_pushes: int = 8,
         until_idle: bool = False,
     ) -> None:
         self.spark = spark
@@ -137,8 +114,7 @@ class DeliveryJob:
         self._clock = clock
         self._rand = rand
         self._states: dict[str, SubState] = {}
-        self._flights: list[Flight] = []
-        self._pool = ThreadPoolExecutor(max_workers=max_parallel_pushes, thread_name_prefix="deltabus-push")
+        self._pool: PushPool | None = None  # started with the first pushes
         self._tokens: TokenSource | None = None
         self._key_lock = threading.Lock()
         self._last_backlog = 0.0
@@ -197,26 +173,29 @@ class DeliveryJob:
 
     # -- outcomes ---------------------------------------------------------------------
     def _collect(self, wait: bool = False) -> dict[str, tuple[pa.Table, pa.Table]]:
-        """Fold the outcomes of finished push jobs; return sub_uid -> (acks, nacks) to merge."""
-        done, running = [], []
-        for f in self._flights:
-            (done if wait or f.future.done() else running).append(f)
-        self._flights = running
-        tables = []
-        now = self._clock()
-        for f in done:
-            for uid, ids in f.ids.items():
-                self.state(uid).in_flight.difference_update(ids)
-            try:
-                tables.append(f.future.result())
-            except Exception as exc:  # the Spark job failed: those leases simply expire and are redelivered
-                log.error("a push job failed (%d messages will be redelivered after their deadline): %s", sum(map(len, f.ids.values())), exc)
-        if not tables:
+        """Fold the outcomes the push workers reported; return sub_uid -> (acks, nacks) to merge.
+
+        With `wait` (the job is stopping), first wait for what the workers hold, up to the
+        longest ack deadline: after that their leases have expired anyway."""
+        if self._pool is None:
             return {}
-        outcomes = pa.concat_tables(tables)
+        if wait:
+            longest = max((s.ack_deadline_seconds for s in self.registry.subscriptions().values()), default=10)
+            self._pool.wait_settled(longest + DRAIN_GRACE)
+        got = self._pool.collect()
+        if got.lost:
+            for uid, mid in got.lost:
+                self.state(uid).in_flight.discard(mid)
+            log.error("%d pushes got no outcome (a worker failed or they waited past their deadline); "
+                      "their leases expire and they are redelivered", len(got.lost))
+        outcomes = got.outcomes
+        if outcomes.num_rows == 0:
+            return {}
+        now = self._clock()
         result: dict[str, tuple[pa.Table, pa.Table]] = {}
         for uid in pc.unique(outcomes["sub_uid"]).to_pylist():
             rows = outcomes.filter(pc.equal(outcomes["sub_uid"], uid))
+            self.state(uid).in_flight.difference_update(rows["message_id"].to_pylist())
             is_ack = pc.equal(rows["outcome"], "ack")
             acks = rows.filter(is_ack).select(["message_id", "delivery_attempt"])
             nacks = rows.filter(pc.invert(is_ack)).select(["message_id", "delivery_attempt"])
@@ -260,10 +239,10 @@ class DeliveryJob:
             batch = batch.filter(pc.is_valid(batch["message_id"]))
 
         outcomes = self._collect(wait=batch_id is None)
-        subs = self.push_subscriptions()
-        report.push_subscriptions = len(subs)
         report.acked = sum(a.num_rows for a, _ in outcomes.values())
         report.nacked = sum(n.num_rows for _, n in outcomes.values())
+        subs = self.push_subscriptions()
+        report.push_subscriptions = len(subs)
         # Outcomes of subscriptions deleted meanwhile have nothing left to merge into.
         existing = {s.sub_uid for s in self.registry.subscriptions().values()}
         outcomes = {u: o for u, o in outcomes.items() if u in existing}
@@ -293,82 +272,76 @@ class DeliveryJob:
         result = self.engine.transact(DELIVERIES.name, attempt, what=f"push batch {batch_id}")
         report.fanned_out = result.fanned_out
         report.delivered = self._launch(subs, result.leases)
-        quiet = not self._flights and report.delivered == 0 and not outcomes and not result.fanned_out
+        quiet = (self._pool is None or self._pool.outstanding() == 0) and report.delivered == 0 and not outcomes and not result.fanned_out
         # Idleness is only ever judged on a backlog computed in this very batch.
         self._maybe_write_backlog(subs, force=batch_id is None or (quiet and self.until_idle))
         report.backlog = self._backlog_total
         report.seconds = time.monotonic() - started
         self.idle = quiet and self._backlog_fresh and self._backlog_total == 0
+        self._count(report)
+        log.info(report.line())
+        return report
+
+    def _count(self, report: BatchReport) -> None:
         self.summary.batches += 1
         self.summary.delivered += report.delivered
         self.summary.acked += report.acked
         self.summary.nacked += report.nacked
-        log.info(report.line())
-        return report
 
     # -- pushing ----------------------------------------------------------------------
     def _requests(self, rec: SubscriptionRecord, leases: list[tuple[str, int]]) -> pa.Table:
-        payloads = fetch_messages(self.engine, rec.topic_uid, [m for m, _ in leases])
+        """The push requests (REQUEST_SCHEMA) of one subscription's leases, payloads read from Delta."""
+        ids = pa.array([m for m, _ in leases], pa.string())
+        payloads = read_payloads(self.engine, rec.topic_uid, ids)
+        at = pc.index_in(ids, value_set=payloads["message_id"])
+        found = pc.is_valid(at)
+        missing = len(ids) - pc.sum(found).as_py() if len(ids) else 0
+        if missing:
+            log.error("%d leased messages of %s have no payload; their leases will expire", missing, rec.name)
+        at = at.filter(found)
+        attempts = pa.array([a for _, a in leases], pa.int32()).filter(found)
+        rows = payloads.take(at)
+        n = rows.num_rows
         pcfg = rec.push_config
         token = None
         if pcfg.oidc_token is not None:
             token = self.tokens().token(pcfg.oidc_token.service_account_email, pcfg.oidc_token.audience or pcfg.push_endpoint)
-        rows = []
-        for message_id, attempt in leases:
-            p = payloads.get(message_id)
-            if p is None:
-                log.error("message %s of %s has no payload; its lease will expire", message_id, rec.name)
-                continue
-            rows.append(
-                {
-                    "sub_uid": rec.sub_uid,
-                    "subscription": rec.name,
-                    "message_id": message_id,
-                    "delivery_attempt": attempt,
-                    "endpoint": pcfg.push_endpoint,
-                    "token": token,
-                    "no_wrapper": pcfg.no_wrapper is not None,
-                    "write_metadata": bool(pcfg.no_wrapper and pcfg.no_wrapper.write_metadata),
-                    "timeout_seconds": float(rec.ack_deadline_seconds),
-                    "data": p["data"] or b"",
-                    "attributes": p["attributes"] or [],
-                    "ordering_key": p["ordering_key"] or "",
-                    "publish_time": p["publish_time"],
-                }
-            )
-        return pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA)
+
+        def same(value: Any, kind: pa.DataType) -> pa.Array:
+            return pa.repeat(pa.scalar(value, kind), n)
+
+        columns = {
+            "sub_uid": same(rec.sub_uid, pa.string()),
+            "subscription": same(rec.name, pa.string()),
+            "message_id": rows["message_id"],
+            "delivery_attempt": attempts,
+            "endpoint": same(pcfg.push_endpoint, pa.string()),
+            "token": same(token, pa.string()),
+            "no_wrapper": same(pcfg.no_wrapper is not None, pa.bool_()),
+            "write_metadata": same(bool(pcfg.no_wrapper and pcfg.no_wrapper.write_metadata), pa.bool_()),
+            "timeout_seconds": same(float(rec.ack_deadline_seconds), pa.float64()),
+            "data": pc.fill_null(rows["data"], b""),
+            "attributes": rows["attributes"],
+            "ordering_key": pc.fill_null(rows["ordering_key"], ""),
+            "publish_time": rows["publish_time"],
+        }
+        return pa.table({k: columns[k] for k in REQUEST_SCHEMA.names}).cast(REQUEST_SCHEMA)
 
     def _launch(self, subs: dict[str, SubscriptionRecord], leases: dict[str, list[tuple[str, int]]]) -> int:
-        """Start background push jobs: healthy subscriptions share one, each struggling one gets its own."""
-        groups: dict[str, list[pa.Table]] = {}
+        """Queue the leases' requests for the push workers (started on first use)."""
         sent = 0
         for uid, items in leases.items():
-            rec = subs[uid]
-            table = self._requests(rec, items)
+            table = self._requests(subs[uid], items)
             if table.num_rows == 0:
                 continue
+            if self._pool is None:
+                self._pool = PushPool(self.spark, workers=self.settings.delivery_partitions)
             st = self.state(uid)
             st.in_flight.update(table["message_id"].to_pylist())
             st.delivered += table.num_rows
             sent += table.num_rows
-            groups.setdefault("healthy" if st.healthy else uid, []).append(table)
-        for key, tables in groups.items():
-            requests = pa.concat_tables(tables)
-            for chunk, parts in _chunks(requests, self.settings.delivery_partitions if key == "healthy" else 1):
-                ids: dict[str, set[str]] = {}
-                for uid, mid in zip(chunk["sub_uid"].to_pylist(), chunk["message_id"].to_pylist()):
-                    ids.setdefault(uid, set()).add(mid)
-                self._flights.append(Flight(self._pool.submit(self._push, chunk, parts), ids))
+            self._pool.submit(uid, table)
         return sent
-
-    def _push(self, requests: pa.Table, partitions: int) -> pa.Table:
-        # Push jobs share the executors fairly with the stream's own micro-batch jobs (FAIR
-        # scheduling, see conf/spark-defaults.conf), so a batch never queues behind them.
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "push")
-        # coalesce, not repartition: no shuffle stage (measured 0.36 s against 0.65 s a job).
-        df = self.spark.createDataFrame(requests).coalesce(partitions)
-        out = df.mapInArrow(deliver_partition, OUTCOME_DDL).toArrow()
-        return out.cast(OUTCOME_SCHEMA)
 
     # -- backlog ----------------------------------------------------------------------
     def _maybe_write_backlog(self, push: dict[str, SubscriptionRecord], force: bool = False) -> None:
@@ -405,4 +378,6 @@ class DeliveryJob:
         return self.process(None, None)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

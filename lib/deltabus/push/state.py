@@ -42,11 +42,6 @@ class SubState:
         self.acked += r.acks
         self.nacked += r.nacks
 
-    @property
-    def healthy(self) -> bool:
-        """No recent nacks and fast answers: its pushes may share a Spark job with others."""
-        return self.backoff.delay == 0 and self.window.avg_latency < 1.0
-
     def restored(self, delivered: int, acked: int, nacked: int, window: int, backoff: float) -> "SubState":
         return replace(
             self,

@@ -1,0 +1,225 @@
+"""Long-lived push workers on the executors, fed by the driver over HTTP.
+
+Started once per push job: one Spark job (``mapInArrow`` over ``workers`` partitions) whose
+tasks are push workers (``worker.Worker``) that live as long as the job does. The driver
+serves them work from the ``Dispatcher`` on a small HTTP server (127.0.0.1 on a local
+master; ``spark.driver.host`` on a cluster, the address executors already reach the
+driver at). Every request carries a random key made for this run, so nothing else on the
+network can take pushes or report outcomes.
+
+Why not one Spark job per batch of pushes: measured here, each such job cost more JVM
+time than the pushes themselves (DataFrame creation, Arrow round trips through the JVM,
+task launch), and a new connection pool per job. Like Spark Streaming's receivers, the
+workers hold task slots for the whole run: the stream's own micro-batches need at least
+one more, so a master with fewer than two slots is refused.
+
+If the workers' Spark job fails (an executor lost), what they held is given up on (the
+leases expire and the messages are redelivered) and the job is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+import pyarrow as pa
+from aiohttp import web
+
+from .._server_thread import ServerThread
+from ..errors import InvalidArgument
+from .dispatcher import Collected, Dispatcher
+from .sender import MAX_CONCURRENCY
+from .wire import AUTH_HEADER, PENDING_HEADER, RESULT_SCHEMA, WORKER_HEADER, from_ipc, to_ipc
+from .worker import PER_SUB_ROWS, pool_partition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("deltabus.deliver")
+
+LONG_POLL = 0.5  # seconds a worker's ask for work waits when there is none
+HAND_OUT_LIMIT = 2048  # rows in one assignment
+POOL_GROUP = "deltabus-push-workers"
+
+
+def pool_size(wanted: int, slots: int) -> int:
+    """Workers to start given the master's task slots: one slot stays for micro-batches."""
+    if slots < 2:
+        raise InvalidArgument(
+            "spark.master",
+            f"the push job needs at least 2 task slots (push workers plus the stream's micro-batches), got {slots}; "
+            "use e.g. local[2] or more",
+        )
+    return max(1, min(wanted, slots - 1))
+
+
+class PoolServer:
+    """The driver's HTTP side: hands out work from a Dispatcher and takes outcomes back."""
+
+    def __init__(self, dispatcher: Dispatcher, *, host: str = "127.0.0.1", advertise: str | None = None,
+                 per_sub: int = PER_SUB_ROWS, key: str | None = None) -> None:
+        self.dispatcher = dispatcher
+        self.per_sub = per_sub
+        self.key = key or secrets.token_urlsafe(32)
+        self.closing = False
+        self._waiters: set[asyncio.Future[None]] = set()
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/work", self._work)
+        app.router.add_post("/outcomes", self._outcomes)
+        self._server = ServerThread(app, host, 0, name="deltabus-push-pool").start()
+        self.url = f"http://{advertise or host}:{self._server.port}"
+
+    def notify(self) -> None:
+        """New work was queued (or the pool is closing): wake the waiting long polls."""
+        self._server.call_soon(self._wake)
+
+    def close(self) -> None:
+        self.closing = True
+        self.notify()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def _authorised(self, request: web.Request) -> bool:
+        return hmac.compare_digest(request.headers.get(AUTH_HEADER, ""), self.key)
+
+    def _wake(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    async def _work(self, request: web.Request) -> web.Response:
+        if not self._authorised(request):
+            return web.Response(status=403)
+        worker = request.headers.get(WORKER_HEADER, "")
+        try:
+            held = {str(k): int(v) for k, v in json.loads(request.headers.get(PENDING_HEADER, "{}")).items()}
+        except (ValueError, AttributeError):
+            return web.Response(status=400, text=f"{PENDING_HEADER}: must be a JSON object of counts")
+        end = time.monotonic() + LONG_POLL
+        while True:
+            table = self.dispatcher.hand_out(worker, held, per_sub=self.per_sub, limit=HAND_OUT_LIMIT)
+            if table is not None:
+                return web.Response(body=to_ipc(table), content_type="application/vnd.apache.arrow.stream")
+            if self.closing:
+                return web.Response(status=410)
+            left = end - time.monotonic()
+            # Long-poll only a worker that holds nothing: a busy one must get back to its
+            # sends and ask again when it runs low.
+            if any(held.values()) or self.dispatcher.has_queued() or left <= 0:
+                return web.Response(status=204)
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.add(fut)
+            try:
+                await asyncio.wait_for(fut, left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _outcomes(self, request: web.Request) -> web.Response:
+        if not self._authorised(request):
+            return web.Response(status=403)
+        try:
+            results = from_ipc(await request.read(), RESULT_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as exc:
+            return web.Response(status=400, text=f"outcomes: not an Arrow stream of results ({type(exc).__name__})")
+        self.dispatcher.settle(results)
+        return web.Response(status=204)
+
+
+class PushPool:
+    def __init__(
+        self,
+        spark: "SparkSession",
+        *,
+        workers: int,
+        dispatcher: Dispatcher | None = None,
+        concurrency: int = MAX_CONCURRENCY,
+        per_sub: int = PER_SUB_ROWS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spark = spark
+        sc = spark.sparkContext
+        self.workers = pool_size(workers, sc.defaultParallelism)
+        self.dispatcher = dispatcher or Dispatcher(clock=clock)
+        self.concurrency = concurrency
+        if sc.master.startswith("local"):
+            advertise = bind = "127.0.0.1"
+        else:
+            advertise = spark.conf.get("spark.driver.host")
+            bind = spark.conf.get("spark.driver.bindAddress", advertise) or advertise
+        self.server = PoolServer(self.dispatcher, host=bind, advertise=advertise, per_sub=per_sub)
+        self._closing = False
+        self.restarts = 0  # times the workers' Spark job was started again
+        self._thread = threading.Thread(target=self._run, name="deltabus-push-workers", daemon=True)
+        self._thread.start()
+        log.info("started %d push workers", self.workers)
+
+    # -- the job's side ---------------------------------------------------------------
+    def submit(self, sub_uid: str, requests: pa.Table) -> None:
+        self.dispatcher.submit(sub_uid, requests)
+        self.server.notify()
+
+    def collect(self) -> Collected:
+        return self.dispatcher.collect()
+
+    def outstanding(self) -> int:
+        return self.dispatcher.outstanding()
+
+    def queued(self) -> int:
+        return self.dispatcher.queued()
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait until every queued or handed-out request is settled (or given up on)."""
+        end = time.monotonic() + timeout
+        while self.dispatcher.outstanding():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self, wait: float = 15.0) -> None:
+        """Stop the workers: they finish what they hold, then their Spark job ends."""
+        dropped = self.dispatcher.drop_queued()
+        if dropped:
+            log.info("%d queued pushes not sent; their leases expire and they are redelivered", dropped)
+        self._closing = True
+        self.server.close()
+        self._thread.join(wait)
+        if self._thread.is_alive():
+            self.spark.sparkContext.cancelJobGroup(POOL_GROUP)
+            self._thread.join(10)
+        self.server.stop()
+
+    # -- the workers' Spark job -------------------------------------------------------
+    def _run(self) -> None:
+        sc = self.spark.sparkContext
+        sc.setLocalProperty("spark.scheduler.pool", "push")
+        sc.setJobGroup(POOL_GROUP, f"deltabus push workers ({self.workers})", interruptOnCancel=True)
+        body = pool_partition(self.server.url, self.server.key, self.concurrency)
+        failures = 0
+        while not self._closing:
+            try:
+                rows = self.spark.range(0, self.workers, 1, self.workers).mapInArrow(body, "worker string, pushed long").collect()
+                if self._closing:
+                    log.info("push workers stopped after %d pushes", sum(r.pushed for r in rows))
+                    return
+                log.warning("push workers ended on their own (driver unreachable?); starting them again")
+            except Exception as exc:  # an executor lost, a worker crashed
+                if self._closing:
+                    return
+                log.error("push workers failed: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            lost = self.dispatcher.workers_gone()
+            if lost:
+                log.error("%d pushes were with the failed workers; their leases expire and they are redelivered", lost)
+            failures += 1
+            end = time.monotonic() + min(30.0, 0.5 * 2**failures)
+            while not self._closing and time.monotonic() < end:
+                time.sleep(0.1)
+            self.restarts += 1

@@ -1,0 +1,145 @@
+"""Push workers against the driver's pool server and real endpoints on 127.0.0.1.
+
+The first tests run a worker in a thread (no Spark); the last ones run the pool's Spark job."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import threading
+import time
+
+import aiohttp
+import pyarrow as pa
+import pytest
+
+from deltabus.push.dispatcher import Dispatcher
+from deltabus.push.pool import POOL_GROUP, PoolServer, PushPool
+from deltabus.push.sender import REQUEST_SCHEMA
+from deltabus.push.wire import AUTH_HEADER, PENDING_HEADER, WORKER_HEADER
+from deltabus.push.worker import Worker
+from tests.endpoints import Behaviour, Endpoint
+
+NOW = dt.datetime(2026, 11, 22, 12, 0, 0, 250000, tzinfo=dt.timezone.utc)
+
+
+def requests(sub: str, url: str, ids, timeout: float = 10.0) -> pa.Table:
+    rows = [dict(sub_uid=sub, subscription=f"projects/p/subscriptions/{sub}", message_id=str(i), delivery_attempt=1,
+                 endpoint=url, token=None, no_wrapper=False, write_metadata=False, timeout_seconds=timeout,
+                 data=f"m{i}".encode(), attributes=[("k", "v")], ordering_key="", publish_time=NOW) for i in ids]
+    return pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA)
+
+
+class WorkerThread:
+    def __init__(self, url: str, key: str, **kw) -> None:
+        self.worker = Worker(url, key, **kw)
+        self.pushed: int | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.pushed = asyncio.run(self.worker.run())
+
+    def __enter__(self) -> "WorkerThread":
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def __exit__(self, *exc: object) -> None:
+        self.join(30)
+
+
+def settle_all(d: Dispatcher, n: int, timeout: float = 30.0) -> pa.Table:
+    got, end = [], time.monotonic() + timeout
+    while sum(t.num_rows for t in got) < n and time.monotonic() < end:
+        got.append(d.collect().outcomes)
+        time.sleep(0.02)
+    return pa.concat_tables(got)
+
+
+@pytest.fixture
+def server():
+    d = Dispatcher()
+    s = PoolServer(d, per_sub=64)
+    yield s
+    s.close()
+    s.stop()
+
+
+def test_a_worker_pushes_everything_and_reports_each_outcome(server):
+    with Endpoint(Behaviour(lambda r, n: (204 if n % 10 else 500, 0.0))) as ep, WorkerThread(server.url, server.key, per_sub=64) as w:
+        server.dispatcher.submit("a", requests("a", ep.url, range(500)))
+        server.notify()
+        out = settle_all(server.dispatcher, 500)
+        server.close()
+        assert w.join(30) and w.pushed == 500
+    assert sorted(out["message_id"].to_pylist(), key=int) == [str(i) for i in range(500)]
+    assert out["outcome"].to_pylist().count("nack") == 50 and set(out["status"].to_pylist()) == {204, 500}
+    bodies = [json.loads(r.body) for r in ep.snapshot()]
+    assert len(bodies) == 500 and {b["message"]["publishTime"] for b in bodies} == {"2026-11-22T12:00:00.250Z"}
+    assert server.dispatcher.outstanding() == 0
+
+
+def test_a_slow_subscription_does_not_hold_back_a_fast_one_in_the_same_worker(server):
+    with Endpoint(Behaviour(lambda r, n: (204, 3.0))) as slow, Endpoint() as fast, \
+            WorkerThread(server.url, server.key, per_sub=64, concurrency=8) as w:
+        server.dispatcher.submit("slow", requests("slow", slow.url, range(200)))
+        server.dispatcher.submit("fast", requests("fast", fast.url, range(1000, 1400)))
+        server.notify()
+        started = time.monotonic()
+        while len(fast.snapshot()) < 400 and time.monotonic() - started < 20:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        assert len(fast.snapshot()) == 400
+        assert len(slow.snapshot()) <= 16  # two rounds of its 8 senders at most
+        server.dispatcher.drop_queued()
+        server.close()
+        w.join(30)
+    assert took < 3.0 * 2  # not paced by the slow endpoint's 3 s answers
+
+
+def test_the_pool_server_refuses_a_wrong_key_and_bad_counts(server):
+    async def ask(headers):
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{server.url}/work", headers=headers) as r:
+                return r.status, await r.text()
+
+    assert asyncio.run(ask({AUTH_HEADER: "wrong", WORKER_HEADER: "w"}))[0] == 403
+    status, text = asyncio.run(ask({AUTH_HEADER: server.key, WORKER_HEADER: "w", PENDING_HEADER: "[1"}))
+    assert status == 400 and PENDING_HEADER in text
+
+
+def test_a_worker_whose_driver_is_gone_stops_on_its_own():
+    d = Dispatcher()
+    s = PoolServer(d)
+    url, key = s.url, s.key
+    s.stop()  # the driver died: nothing answers any more
+    with WorkerThread(url, key, orphan_after=1.0) as w:
+        assert w.join(15)
+    assert w.pushed == 0
+
+
+@pytest.mark.spark
+def test_the_pool_job_delivers_and_comes_back_after_its_spark_job_is_cancelled(spark):
+    with Endpoint() as ep:
+        pool = PushPool(spark, workers=2)
+        try:
+            assert pool.workers == 1  # the test session is local[2]: one slot stays for micro-batches
+            pool.submit("a", requests("a", ep.url, range(300)))
+            out = settle_all(pool.dispatcher, 300, timeout=60)
+            assert out.num_rows == 300 and set(out["outcome"].to_pylist()) == {"ack"}
+            # An executor lost: the workers' Spark job fails; the pool starts it again.
+            spark.sparkContext.cancelJobGroup(POOL_GROUP)
+            end = time.monotonic() + 30
+            while pool.restarts == 0 and time.monotonic() < end:
+                time.sleep(0.1)
+            assert pool.restarts == 1
+            pool.submit("a", requests("a", ep.url, range(300, 400)))
+            later = settle_all(pool.dispatcher, 100, timeout=60)
+            assert sorted(later["message_id"].to_pylist(), key=int) == [str(i) for i in range(300, 400)]
+        finally:
+            pool.close()
+    assert len(ep.snapshot()) == 400
