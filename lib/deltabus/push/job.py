@@ -3,7 +3,9 @@
 Every micro-batch (``DeliveryJob.on_batch``, the foreachBatch handler):
 
 1. folds in the outcomes the push workers reported since the last batch: each
-   subscription's backoff and push window move, and its acks and nacks are queued;
+   subscription's backoff and push window move, and its acks and nacks are held for
+   the commit. While the workers have plenty queued, the commit waits for a later batch
+   (at most ``CommitPacing.max_interval`` seconds; ``policy/pacing.py``);
 2. commits ONE MERGE into ``deliveries`` (``plan.execute``) that fans the batch's new
    messages out to every push subscription of their topic (each from its own cursor,
    so the subscription point holds), applies the queued acks (delete) and nacks, and
@@ -37,6 +39,7 @@ import pyarrow.compute as pc
 from .. import backlog as backlog_mod
 from ..config import Settings
 from ..leasing import read_payloads
+from ..policy.pacing import CommitPacing, rate_after
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, open_engine
 from ..storage.tables import BACKLOG, DELIVERIES
@@ -61,11 +64,17 @@ class BatchReport:
     backlog: int | None = None
     push_subscriptions: int = 0
     skipped: bool = False
+    deferred: int | None = None  # not committed: this many pushes were queued for the workers
     seconds: float = 0.0
 
     def line(self) -> str:
         if self.skipped:
             return f"batch {self.batch_id}: already committed before a restart; skipped"
+        if self.deferred is not None:
+            return (
+                f"batch {self.batch_id}: acked {self.acked} nacked {self.nacked}, held for the next commit "
+                f"({self.deferred} pushes queued for the workers) in {self.seconds:.2f}s"
+            )
         backlog = "?" if self.backlog is None else str(self.backlog)
         return (
             f"batch {self.batch_id}: delivered {self.delivered} acked {self.acked} nacked {self.nacked} "
@@ -106,6 +115,7 @@ class DeliveryJob:
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
         until_idle: bool = False,
+        pacing: CommitPacing = CommitPacing(),
     ) -> None:
         self.spark = spark
         self.settings = settings
@@ -115,6 +125,11 @@ class DeliveryJob:
         self._rand = rand
         self._states: dict[str, SubState] = {}
         self._pool: PushPool | None = None  # started with the first pushes
+        self.pacing = pacing
+        self._held_outcomes: dict[str, tuple[pa.Table, pa.Table]] = {}  # sub_uid -> (acks, nacks) not yet committed
+        self._send_rate = 0.0  # outcomes per second, smoothed
+        self._last_rate_at = clock()
+        self._last_commit = float("-inf")
         self._tokens: TokenSource | None = None
         self._key_lock = threading.Lock()
         self._last_backlog = 0.0
@@ -238,9 +253,24 @@ class DeliveryJob:
             last = int(pc.max(batch["range_end"]).as_py())
             batch = batch.filter(pc.is_valid(batch["message_id"]))
 
-        outcomes = self._collect(wait=batch_id is None)
-        report.acked = sum(a.num_rows for a, _ in outcomes.values())
-        report.nacked = sum(n.num_rows for _, n in outcomes.values())
+        collected = self._collect(wait=batch_id is None)
+        report.acked = sum(a.num_rows for a, _ in collected.values())
+        report.nacked = sum(n.num_rows for _, n in collected.values())
+        self._hold(collected)
+        now = self._clock()
+        self._send_rate = rate_after(self._send_rate, report.acked + report.nacked, now - self._last_rate_at)
+        self._last_rate_at = now
+        queued = self._pool.queued() if self._pool is not None else 0
+        if batch_id is not None and not self.pacing.due(now, self._last_commit, queued=queued, send_rate=self._send_rate):
+            # The workers hold plenty: this batch's outcomes wait for the next commit, and its
+            # messages are fanned out from the subscriptions' cursors then.
+            report.deferred = queued
+            report.seconds = time.monotonic() - started
+            self._count(report)
+            log.info(report.line())
+            return report
+        self._last_commit = now
+        outcomes, self._held_outcomes = self._held_outcomes, {}
         subs = self.push_subscriptions()
         report.push_subscriptions = len(subs)
         # Outcomes of subscriptions deleted meanwhile have nothing left to merge into.
@@ -287,6 +317,14 @@ class DeliveryJob:
         self.summary.delivered += report.delivered
         self.summary.acked += report.acked
         self.summary.nacked += report.nacked
+
+    def _hold(self, outcomes: dict[str, tuple[pa.Table, pa.Table]]) -> None:
+        """Keep outcomes until the next commit (several batches' worth when commits are paced)."""
+        for uid, (acks, nacks) in outcomes.items():
+            held = self._held_outcomes.get(uid)
+            if held is not None:
+                acks, nacks = pa.concat_tables([held[0], acks]), pa.concat_tables([held[1], nacks])
+            self._held_outcomes[uid] = (acks, nacks)
 
     # -- pushing ----------------------------------------------------------------------
     def _requests(self, rec: SubscriptionRecord, leases: list[tuple[str, int]]) -> pa.Table:
