@@ -258,13 +258,16 @@ def read_payloads(engine: Engine, topic_uid: str, message_ids: pa.Array) -> pa.T
         return pa.table({c: pa.array([], MESSAGES.schema.field(c).type) for c in columns})
     ids = pc.unique(message_ids)
     lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
-    # Ids are digits only (checked when the ack id was decoded or the lease read), so the
-    # range can go into SQL; it lets file statistics skip every file outside it.
-    return engine.snapshot(MESSAGES.name).read(
-        columns=columns,
-        partition=topic_uid,
-        filter=pc.field("message_id").isin(ids),
-        prune=f"message_id >= {literal(lo)} AND message_id <= {literal(hi)}",
+
+    def outside(actions: pa.Table) -> pa.Array:
+        """Files whose message_id range misses [lo, hi] (from the log's statistics)."""
+        return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
+
+    # Opens only the files whose id range overlaps the wanted ids, lowest first, and stops
+    # once all are found: the cost follows the lease count, not the topic's file count.
+    return engine.snapshot(MESSAGES.name).read_first(
+        len(ids), [("message_id", "ascending")], columns, partition=topic_uid,
+        filter=pc.field("message_id").isin(ids), skip_files=outside,
     )
 
 
