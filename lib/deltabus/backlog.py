@@ -40,18 +40,44 @@ def _count(mask: pa.ChunkedArray) -> int:
     return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
 
 
+def _from_file_stats(files: pa.Table) -> tuple[int, dt.datetime | None] | None:
+    """Row count and oldest publish_time of a partition from the log's file statistics, or
+    None when some file lacks them (then the rows are read)."""
+    if "num_records" not in files.column_names or "min.publish_time" not in files.column_names:
+        return None
+    if files.num_rows and (files["num_records"].null_count or files["min.publish_time"].null_count):
+        return None
+    total = int(pc.sum(files["num_records"]).as_py() or 0)
+    oldest = pc.min(files["min.publish_time"]).as_py() if files.num_rows else None
+    return total, oldest
+
+
 def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats:
+    """Every deliveries row is an unacked message. The count and the oldest publish time
+    come from the log's file statistics; only rows ever delivered (a few files at the head
+    of the backlog) are read, for their leases. A 1M backlog no longer means reading 1M rows."""
     snap = engine.snapshot(DELIVERIES.name)
-    rows = snap.read(columns=["publish_time", "delivery_attempt", "lease_expires"], partition=sub.sub_uid)
+    columns = ["publish_time", "delivery_attempt", "lease_expires"]
+    summary = _from_file_stats(snap.file_stats(partition=sub.sub_uid))
+    if summary is None:
+        rows = snap.read(columns=columns, partition=sub.sub_uid)
+        total = rows.num_rows
+        oldest_row = pc.min(rows["publish_time"]).as_py() if rows.num_rows else None
+    else:
+        total, oldest_row = summary
+        rows = snap.read(
+            columns=columns, partition=sub.sub_uid,
+            filter=pc.field("delivery_attempt") > 0, prune="delivery_attempt > 0",
+        )
     cursor, latest = pending_range(engine, snap, sub)
     unfanned = read_unfanned(engine, sub, cursor + 1, latest)
     now_ts = pa.scalar(int(now * 1_000_000), TS)
     delivered = pc.greater(rows["delivery_attempt"], 0)
     delivered_n = _count(delivered)
     outstanding = _count(pc.and_(delivered, pc.greater(rows["lease_expires"], now_ts)))
-    undelivered = rows.num_rows - delivered_n
-    mins = [pc.min(col).as_py() for col in (rows["publish_time"], unfanned["publish_time"]) if len(col)]
-    oldest = min((m for m in mins if m is not None), default=None)
+    undelivered = total - delivered_n
+    mins = [m for m in (oldest_row, pc.min(unfanned["publish_time"]).as_py() if unfanned.num_rows else None) if m is not None]
+    oldest = min(mins, default=None)
     age = max(0.0, now - oldest.timestamp()) if oldest is not None else 0.0
     return BacklogStats(
         subscription=sub.name,

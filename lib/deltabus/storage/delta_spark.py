@@ -122,6 +122,13 @@ class DeltaSparkSnapshot:
             table = table.filter(filter)
         return table.cast(self._schema(columns))
 
+    def file_stats(self, partition: str | None = None) -> pa.Table:
+        actions = pa.table(self._log.get_add_actions(flatten=True))
+        column = self._spec.partition_column
+        if partition is not None and column is not None and actions.num_rows:
+            actions = actions.filter(pc.equal(actions[f"partition.{column}"], partition))
+        return actions
+
     def read_first(
         self,
         limit: int,

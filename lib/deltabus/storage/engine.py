@@ -70,6 +70,11 @@ class Snapshot(Protocol):
         skip_files: "Callable[[pa.Table], pa.Array] | None" = None,
     ) -> pa.Table: ...
 
+    def file_stats(self, partition: str | None = None) -> pa.Table:
+        """The data files of the snapshot (of one partition): Delta's flattened add actions,
+        ``path``, ``num_records``, ``min.<col>``, ``max.<col>``, ``null_count.<col>``."""
+        ...
+
     def merge(
         self,
         source: pa.Table,
