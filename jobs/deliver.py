@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from deltabus import config
+    from deltabus.errors import DeltabusError
     from deltabus.push import runner
 
     settings = config.load(args.conf or config.default_path()).with_overrides(
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             spark, settings, until_idle=args.until_idle, max_seconds=args.max_seconds,
             jwks_port=args.jwks_port, jwks_host=args.jwks_host, stop=stop,
         )
+    except DeltabusError as exc:  # a setting or the cluster does not fit: say which, no traceback
+        print(f"deliver: {exc}", file=sys.stderr)
+        return 2
     finally:
         spark.stop()
     print(f"deliver: {summary.stopped_because}; delivered {summary.delivered}, acked {summary.acked}, nacked {summary.nacked}")

@@ -72,3 +72,13 @@ def test_spark_submit_ships_the_library_and_settings():
     executor = next(l for l in out.stdout.splitlines() if l.startswith("EXECUTOR"))
     assert executor.count("deltabus.zip/deltabus/__init__.py") == 2  # from the shipped zip, not the driver's disk
     assert f"CONF {ROOT / 'conf' / 'deltabus.conf'}" in out.stdout
+
+
+def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(warehouse):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    out = subprocess.run([str(ROOT / "spark-submit.sh"), "--master", "local[1]", "jobs/deliver.py", "--warehouse", warehouse, "--until-idle"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    both = out.stdout + out.stderr
+    assert out.returncode == 2, both[-4000:]
+    assert "deliver: spark.master: the push job needs at least 2 task slots" in both
+    assert "Traceback" not in both

@@ -11,6 +11,7 @@ from ..config import Settings
 from ..spark.source import message_stream, register
 from .job import DeliveryJob, RunSummary
 from .jwks_server import JwksServer
+from .pool import pool_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -65,6 +66,8 @@ def run(
     jwks_host: str = "127.0.0.1",
     stop: threading.Event | None = None,
 ) -> RunSummary:
+    # Refuse a master without room for the push workers before anything starts.
+    pool_size(settings.delivery_partitions, spark.sparkContext.defaultParallelism)
     register(spark)
     job = DeliveryJob(spark, settings, until_idle=until_idle)
     server = None
