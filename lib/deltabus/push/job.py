@@ -230,9 +230,12 @@ class DeliveryJob:
             # feed (a Delta micro-batch may end inside a version).
             self.process(None, batch_id)
             return
-        self.process(df.toArrow(), batch_id)
+        # Lazily: a batch whose commit is deferred never collects its rows (a Spark job).
+        self.process(df.toArrow, batch_id)
 
-    def process(self, batch: pa.Table | None, batch_id: int | None) -> BatchReport:
+    def process(self, batch: pa.Table | Callable[[], pa.Table] | None, batch_id: int | None) -> BatchReport:
+        """One micro-batch: `batch` is its rows (or a function returning them, called only if
+        this batch commits), None when it carries no rows; `batch_id` None when draining."""
         started = time.monotonic()
         report = BatchReport(batch_id)
         deliveries = self.engine.snapshot(DELIVERIES.name)
@@ -242,16 +245,6 @@ class DeliveryJob:
                 report.skipped = True
                 log.info(report.line())
                 return report
-
-        if batch is None or batch.num_rows == 0:
-            first = last = self.engine.version("messages")
-            batch = pa.table({"topic_uid": pa.array([], pa.string()), "message_id": pa.array([], pa.string()),
-                              "publish_time": pa.array([], pa.timestamp("us", tz="UTC")), "ordering_key": pa.array([], pa.string()),
-                              "size_bytes": pa.array([], pa.int64()), "version": pa.array([], pa.int64())})
-        else:
-            first = int(pc.min(batch["range_start"]).as_py())
-            last = int(pc.max(batch["range_end"]).as_py())
-            batch = batch.filter(pc.is_valid(batch["message_id"]))
 
         collected = self._collect(wait=batch_id is None)
         report.acked = sum(a.num_rows for a, _ in collected.values())
@@ -271,6 +264,18 @@ class DeliveryJob:
             return report
         self._last_commit = now
         outcomes, self._held_outcomes = self._held_outcomes, {}
+        if callable(batch):
+            batch = batch()
+        if batch is None or batch.num_rows == 0:
+            first = last = self.engine.version("messages")
+            batch = pa.table({"topic_uid": pa.array([], pa.string()), "message_id": pa.array([], pa.string()),
+                              "publish_time": pa.array([], pa.timestamp("us", tz="UTC")), "ordering_key": pa.array([], pa.string()),
+                              "size_bytes": pa.array([], pa.int64()), "version": pa.array([], pa.int64())})
+        else:
+            first = int(pc.min(batch["range_start"]).as_py())
+            last = int(pc.max(batch["range_end"]).as_py())
+            batch = batch.filter(pc.is_valid(batch["message_id"]))
+
         subs = self.push_subscriptions()
         report.push_subscriptions = len(subs)
         # Outcomes of subscriptions deleted meanwhile have nothing left to merge into.
