@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import plain
-from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, txn_list
+from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_list
 from .tables import BY_NAME, TableSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -123,11 +123,7 @@ class DeltaSparkSnapshot:
         return table.cast(self._schema(columns))
 
     def file_stats(self, partition: str | None = None) -> pa.Table:
-        actions = pa.table(self._log.get_add_actions(flatten=True))
-        column = self._spec.partition_column
-        if partition is not None and column is not None and actions.num_rows:
-            actions = actions.filter(pc.equal(actions[f"partition.{column}"], partition))
-        return actions
+        return partition_files(self._log.get_add_actions(flatten=True), self._spec.partition_column, partition)
 
     def read_first(
         self,

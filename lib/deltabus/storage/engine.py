@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence, TypeVar, Union
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -113,6 +113,14 @@ class Engine(Protocol):
     def version(self, table: str) -> int: ...
 
     def table_uri(self, table: str) -> str: ...
+
+
+def partition_files(actions: Any, column: str | None, partition: str | None) -> pa.Table:
+    """Flattened add actions (any Arrow-exportable table) as pyarrow, of one partition if given."""
+    table = actions if isinstance(actions, pa.Table) else pa.table(actions)
+    if partition is not None and column is not None and table.num_rows:
+        table = table.filter(pc.equal(table[f"partition.{column}"], partition))
+    return table
 
 
 def first_rows(table: pa.Table, limit: int, sort_keys: Sequence[tuple[str, str]]) -> pa.Table:
