@@ -24,10 +24,11 @@ from tests.endpoints import Behaviour, Endpoint
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, 250000, tzinfo=dt.timezone.utc)
 
 
-def requests(sub: str, url: str, ids, timeout: float = 10.0) -> pa.Table:
+def requests(sub: str, url: str, ids, timeout: float = 10.0, lease_expires: dt.datetime | None = None) -> pa.Table:
     rows = [dict(sub_uid=sub, subscription=f"projects/p/subscriptions/{sub}", message_id=str(i), delivery_attempt=1,
                  endpoint=url, token=None, no_wrapper=False, write_metadata=False, timeout_seconds=timeout,
-                 data=f"m{i}".encode(), attributes=[("k", "v")], ordering_key="", publish_time=NOW) for i in ids]
+                 data=f"m{i}".encode(), attributes=[("k", "v")], ordering_key="", publish_time=NOW,
+                 lease_expires=lease_expires) for i in ids]
     return pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA)
 
 
@@ -99,6 +100,22 @@ def test_a_slow_subscription_does_not_hold_back_a_fast_one_in_the_same_worker(se
         server.close()
         w.join(30)
     assert took < 3.0 * 2  # not paced by the slow endpoint's 3 s answers
+
+
+def test_a_push_whose_lease_ran_out_while_it_waited_is_not_sent(server):
+    """Its message is due again under a new attempt: sending the old one would push it twice."""
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60)
+    with Endpoint() as ep, WorkerThread(server.url, server.key, per_sub=64) as w:
+        server.dispatcher.submit("a", requests("a", ep.url, range(5), lease_expires=past))
+        server.dispatcher.submit("a", requests("a", ep.url, range(5, 8), lease_expires=future))
+        server.notify()
+        out = settle_all(server.dispatcher, 8)
+        server.close()
+        assert w.join(30) and w.pushed == 3
+    outcome = dict(zip(out["message_id"].to_pylist(), out["outcome"].to_pylist()))
+    assert outcome == {**{str(i): "expired" for i in range(5)}, **{str(i): "ack" for i in range(5, 8)}}
+    assert sorted(json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()) == ["5", "6", "7"]
 
 
 def test_the_pool_server_refuses_a_wrong_key_and_bad_counts(server):

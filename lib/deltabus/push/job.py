@@ -306,7 +306,7 @@ class DeliveryJob:
 
         result = self.engine.transact(DELIVERIES.name, attempt, what=f"push batch {batch_id}")
         report.fanned_out = result.fanned_out
-        report.delivered = self._launch(subs, result.leases)
+        report.delivered = self._launch(subs, result.leases, result.leased_at)
         quiet = (self._pool is None or self._pool.outstanding() == 0) and report.delivered == 0 and not outcomes and not result.fanned_out
         # Idleness is only ever judged on a backlog computed in this very batch.
         self._maybe_write_backlog(subs, force=batch_id is None or (quiet and self.until_idle))
@@ -332,7 +332,7 @@ class DeliveryJob:
             self._held_outcomes[uid] = (acks, nacks)
 
     # -- pushing ----------------------------------------------------------------------
-    def _requests(self, rec: SubscriptionRecord, leases: list[tuple[str, int]]) -> pa.Table:
+    def _requests(self, rec: SubscriptionRecord, leases: list[tuple[str, int]], leased_at: float) -> pa.Table:
         """The push requests (REQUEST_SCHEMA) of one subscription's leases, payloads read from Delta."""
         ids = pa.array([m for m, _ in leases], pa.string())
         payloads = read_payloads(self.engine, rec.topic_uid, ids)
@@ -367,14 +367,15 @@ class DeliveryJob:
             "attributes": rows["attributes"],
             "ordering_key": pc.fill_null(rows["ordering_key"], ""),
             "publish_time": rows["publish_time"],
+            "lease_expires": same(int((leased_at + rec.ack_deadline_seconds) * 1_000_000), pa.int64()),
         }
         return pa.table({k: columns[k] for k in REQUEST_SCHEMA.names}).cast(REQUEST_SCHEMA)
 
-    def _launch(self, subs: dict[str, SubscriptionRecord], leases: dict[str, list[tuple[str, int]]]) -> int:
+    def _launch(self, subs: dict[str, SubscriptionRecord], leases: dict[str, list[tuple[str, int]]], leased_at: float) -> int:
         """Queue the leases' requests for the push workers (started on first use)."""
         sent = 0
         for uid, items in leases.items():
-            table = self._requests(subs[uid], items)
+            table = self._requests(subs[uid], items, leased_at)
             if table.num_rows == 0:
                 continue
             if self._pool is None:

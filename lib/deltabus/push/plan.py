@@ -36,6 +36,7 @@ class PlanResult:
     leases: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # sub_uid -> (message_id, attempt)
     fanned_out: int = 0
     committed: bool = False
+    leased_at: float = 0.0  # the `now` the leases' deadlines count from
 
 
 def fresh_rows(
@@ -76,7 +77,7 @@ def execute(
     of (message_id, delivery_attempt). Called inside ``engine.transact``: a conflict reruns it."""
     parts: list[pa.Table] = []
     txns: list[tuple[str, int]] = []
-    result = PlanResult()
+    result = PlanResult(leased_at=now)
     for plan in plans:
         sub = plan.sub
         uid = sub.sub_uid

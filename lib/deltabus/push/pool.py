@@ -121,6 +121,8 @@ class PoolServer:
                 await asyncio.wait_for(fut, left)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self._waiters.discard(fut)
 
     async def _outcomes(self, request: web.Request) -> web.Response:
         if not self._authorised(request):

@@ -14,6 +14,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import aiohttp
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..storage.tables import STR_MAP, TS
 from .body import ACK_STATUSES, rfc3339_column, unwrapped_headers, wrapped
@@ -35,6 +36,9 @@ REQUEST_SCHEMA = pa.schema(
         pa.field("attributes", STR_MAP),
         pa.field("ordering_key", pa.string()),
         pa.field("publish_time", TS),
+        # When the lease ends: a push that has not gone out by then is not sent at all
+        # (its message is due again, under a new attempt).
+        pa.field("lease_expires", TS),
     ]
 )
 
@@ -44,7 +48,7 @@ OUTCOME_SCHEMA = pa.schema(
         pa.field("message_id", pa.string()),
         pa.field("delivery_attempt", pa.int32()),
         pa.field("status", pa.int32()),  # HTTP status; 0 when there was no answer
-        pa.field("outcome", pa.string()),  # ack | nack | timeout | error
+        pa.field("outcome", pa.string()),  # ack | nack | timeout | error | expired (not sent: lease over)
         pa.field("latency_seconds", pa.float64()),
     ]
 )
@@ -70,13 +74,20 @@ class Request(NamedTuple):
     attributes: list[tuple[str, str]] | None
     ordering_key: str | None
     publish_time: dt.datetime | str  # or already in RFC 3339
+    lease_expires: float | None = None  # seconds since the epoch
 
 
 def requests_of(table: pa.Table) -> list[Request]:
     """The rows of a REQUEST_SCHEMA table (extra columns are ignored); publish times come
     formatted, done for the whole column at once."""
-    columns = [table.column(name).to_pylist() for name in Request._fields[:-1]]
-    columns.append(rfc3339_column(table.column("publish_time")).to_pylist())
+    columns = []
+    for name in Request._fields:
+        col = table.column(name)
+        if name == "publish_time":
+            col = rfc3339_column(col)
+        elif name == "lease_expires":  # as epoch seconds: datetimes cost 3 us each
+            col = pc.divide(pc.cast(pc.cast(col, pa.int64()), pa.float64()), 1e6)
+        columns.append(col.to_pylist())
     return [Request._make(values) for values in zip(*columns)]
 
 
@@ -141,7 +152,7 @@ async def send_all(rows: Sequence[Mapping[str, Any]], concurrency: int = MAX_CON
     """POST every row (a mapping of REQUEST_SCHEMA's fields) with at most `concurrency`
     requests open; results in row order. For one-off sends and tests; the push job's
     workers keep their own session and queues (``worker.py``)."""
-    reqs = [Request(**{f: row[f] for f in Request._fields}) for row in rows]
+    reqs = [Request(**{f: row[f] for f in Request._fields if f in row}) for row in rows]
     results: list[tuple[int, str, float]] = [(0, "error", 0.0)] * len(reqs)
     todo = iter(range(len(reqs)))
     connector = aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300)
