@@ -31,14 +31,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import backlog as backlog_mod
 from ..config import Settings
-from ..leasing import read_payloads
+from ..leasing import _us, read_payloads
 from ..policy.pacing import CommitPacing, rate_after
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, open_engine
@@ -173,9 +173,10 @@ class DeliveryJob:
                 self._tokens = TokenSource(SigningKey(self.settings.keys_path), issuer=self.settings.issuer, clock=self._clock)
             return self._tokens
 
-    def push_subscriptions(self) -> dict[str, SubscriptionRecord]:
+    def push_subscriptions(self, records: Mapping[str, SubscriptionRecord] | None = None) -> dict[str, SubscriptionRecord]:
+        """The push subscriptions this job may push to, from `records` (default: the registry)."""
         out = {}
-        for rec in self.registry.subscriptions().values():
+        for rec in (records if records is not None else self.registry.subscriptions()).values():
             if not rec.push_config.is_push:
                 continue
             if not endpoint_allowed(rec, self.settings.allow_http):
@@ -276,10 +277,11 @@ class DeliveryJob:
             last = int(pc.max(batch["range_end"]).as_py())
             batch = batch.filter(pc.is_valid(batch["message_id"]))
 
-        subs = self.push_subscriptions()
+        records = self.registry.subscriptions()
+        subs = self.push_subscriptions(records)
         report.push_subscriptions = len(subs)
         # Outcomes of subscriptions deleted meanwhile have nothing left to merge into.
-        existing = {s.sub_uid for s in self.registry.subscriptions().values()}
+        existing = {s.sub_uid for s in records.values()}
         outcomes = {u: o for u, o in outcomes.items() if u in existing}
 
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
@@ -367,7 +369,7 @@ class DeliveryJob:
             "attributes": rows["attributes"],
             "ordering_key": pc.fill_null(rows["ordering_key"], ""),
             "publish_time": rows["publish_time"],
-            "lease_expires": same(int((leased_at + rec.ack_deadline_seconds) * 1_000_000), pa.int64()),
+            "lease_expires": same(_us(leased_at + rec.ack_deadline_seconds), pa.int64()),
         }
         return pa.table({k: columns[k] for k in REQUEST_SCHEMA.names}).cast(REQUEST_SCHEMA)
 
@@ -391,8 +393,8 @@ class DeliveryJob:
     def _maybe_write_backlog(self, push: dict[str, SubscriptionRecord], force: bool = False) -> None:
         now = self._clock()
         self._backlog_fresh = False
-        # Counting reads every unacked row; with a large backlog, refresh less often so the
-        # refresh never takes more than a tenth of the job's time.
+        # A refresh reads the delivered rows and every subscription's log statistics; refresh
+        # less often when that grows, so it never takes more than a tenth of the job's time.
         interval = max(self.settings.backlog_interval, BACKLOG_DUTY * self._backlog_cost)
         if not force and now - self._last_backlog < interval:
             return
