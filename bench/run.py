@@ -1,8 +1,12 @@
 """deltabus benchmarks, side by side with their raw baselines, in one run (not a test).
 
-    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale]
+    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale] [--out STEM]
 
-Writes bench/results/<date>.json and bench/results/<date>.png. Sections:
+A full run writes the results of record, bench/results/<date>.json and .png (<date> in
+UTC). A smoke run (--quick) or a partial one (--only with fewer than all sections) never
+touches them: it writes bench/results/<date>[-quick][-partial-<sections>].json/.png, which
+git ignores. An unknown section is an error and nothing runs or is written. Every
+warehouse and job log is made under one scratch directory, removed at the end. Sections:
 
 1. push: a bare aiohttp client posting the same wrapped bodies to the same endpoint (the
    ceiling), then ``jobs/deliver.py`` (through ./spark-submit.sh) delivering N messages,
@@ -26,16 +30,19 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
+SECTIONS = ("push", "publish", "pull", "latency", "scale")  # in the order they run
 
 
 def log(msg: str) -> None:
@@ -96,7 +103,8 @@ def _deliver(wh: str, *, max_seconds: float | None = None, until_idle: bool = Tr
     env = {**os.environ, "DELTABUS_SHIP": "0"}
     # The job's log goes to a file: a pipe nobody reads until the end fills up (64 KiB)
     # and blocks the job mid-run (seen: the stream stopped after ~80 s of batch lines).
-    log_file = tempfile.NamedTemporaryFile(prefix="deliver-", suffix=".log", delete=False)
+    # It sits beside the warehouse, in the run's scratch directory, which is removed at the end.
+    log_file = tempfile.NamedTemporaryFile(prefix="deliver-", suffix=".log", dir=Path(wh).parent, delete=False)
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     proc.log_path = log_file.name  # type: ignore[attr-defined]
     log_file.close()
@@ -178,11 +186,11 @@ def raw_push(url: str, bodies: list[bytes], concurrency: int = 128) -> float:
     return asyncio.run(run())
 
 
-def push(n: int, warm_n: int) -> dict[str, Any]:
+def push(n: int, warm_n: int, scratch: Path) -> dict[str, Any]:
     from bench.endpoint import BenchEndpoint
     from deltabus.push.body import wrapped
 
-    wh = tempfile.mkdtemp(prefix="bench-push-")
+    wh = tempfile.mkdtemp(prefix="push-", dir=scratch)
     pub, sub = _clients(wh)
     topic = pub.topic_path("bench", "push")
     pub.create_topic(name=topic)
@@ -235,10 +243,10 @@ def _window(wh: str) -> int | None:
 
 
 # -- 2. publish against raw write_deltalake ----------------------------------------------------
-def publish(batches: int) -> dict[str, Any]:
+def publish(batches: int, scratch: Path) -> dict[str, Any]:
     from bench.foundation import publish_rate
 
-    with tempfile.TemporaryDirectory() as wh:
+    with tempfile.TemporaryDirectory(prefix="publish-", dir=scratch) as wh:
         r = publish_rate(wh, batches)
     out = {"publish_msgs_per_s": round(r["publish_msgs_per_s"], 1), "raw_write_deltalake_msgs_per_s": round(r["raw_write_deltalake_msgs_per_s"], 1)}
     out["ratio"] = round(out["publish_msgs_per_s"] / out["raw_write_deltalake_msgs_per_s"], 3)
@@ -266,13 +274,13 @@ def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any) -
     sub.close()
 
 
-def pull(n: int, max_messages: int = 1000) -> dict[str, Any]:
+def pull(n: int, scratch: Path, max_messages: int = 1000) -> dict[str, Any]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     out: dict[str, Any] = {"messages": n, "max_messages": max_messages}
     for procs in (1, 2):
-        wh = tempfile.mkdtemp(prefix="bench-pull-")
+        wh = tempfile.mkdtemp(prefix="pull-", dir=scratch)
         pub, sub = _clients(wh)
         topic = pub.topic_path("bench", "pull")
         name = sub.subscription_path("bench", "pull")
@@ -294,13 +302,13 @@ def pull(n: int, max_messages: int = 1000) -> dict[str, Any]:
 
 
 # -- 4. latency at a steady rate ---------------------------------------------------------------
-def latency(rate: float, seconds: float, warmup: float) -> dict[str, Any]:
+def latency(rate: float, seconds: float, warmup: float, scratch: Path) -> dict[str, Any]:
     """Publish -> push arrival at a steady `rate`. The first `warmup` seconds at that rate are
     not counted: they are the push window's slow start from 3 (a long-running job keeps its
     window, and restores it from the backlog table on restart)."""
     from bench.endpoint import BenchEndpoint
 
-    wh = tempfile.mkdtemp(prefix="bench-latency-")
+    wh = tempfile.mkdtemp(prefix="latency-", dir=scratch)
     pub, sub = _clients(wh)
     topic = pub.topic_path("bench", "latency")
     pub.create_topic(name=topic)
@@ -362,7 +370,7 @@ def latency(rate: float, seconds: float, warmup: float) -> dict[str, Any]:
 
 
 # -- 5. scale: cost per message as the backlog grows --------------------------------------------
-def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float]) -> dict[str, Any]:
+def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float], scratch: Path) -> dict[str, Any]:
     """Per backlog size: a fresh warehouse, `size` messages published before the job starts,
     then the time per ack between the `skip`-th and the (`skip` + `measure`)-th ack.
 
@@ -373,7 +381,7 @@ def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float]
     out: dict[str, Any] = {"skip": skip, "measure": measure, "sizes": {}}
     for size in sizes:
         assert size >= skip + measure, (size, skip, measure)
-        wh = tempfile.mkdtemp(prefix=f"bench-scale-{size}-")
+        wh = tempfile.mkdtemp(prefix=f"scale-{size}-", dir=scratch)
         pub, sub = _clients(wh)
         topic = pub.topic_path("bench", "scale")
         pub.create_topic(name=topic)
@@ -500,43 +508,116 @@ def chart(result: dict[str, Any], path: Path) -> None:
         ax.legend(loc="lower left", fontsize=8)
         ax2.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, format="png")  # the path may end in .tmp (see write_results)
+    plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, not the figures of record)")
-    p.add_argument("--only", default="push,publish,pull,latency,scale", help="comma-separated sections")
-    p.add_argument("--out", help="result path stem (default bench/results/<date>)")
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line naming the flag and the rule (argparse's default adds the whole usage)."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_sections(raw: str) -> tuple[str, ...]:
+    """``--only``'s comma-separated list, in running order; unknown or no sections are an error."""
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown or not names:
+        what = f"unknown section {', '.join(map(repr, unknown))}" if unknown else "no section given"
+        raise argparse.ArgumentTypeError(f"{what}; valid sections: {', '.join(SECTIONS)}")
+    return tuple(s for s in SECTIONS if s in names)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    sections: tuple[str, ...]
+    quick: bool
+    out: Path | None
+
+    @property
+    def of_record(self) -> bool:
+        """Only a full-size run of every section produces the results of record."""
+        return not self.quick and self.sections == SECTIONS
+
+
+RECORD_NAME = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    p = _Parser(prog="bench/run.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, never the results of record)")
+    p.add_argument("--only", type=parse_sections, default=SECTIONS, metavar="SECTION[,SECTION...]",
+                   help=f"run only these sections (any of {', '.join(SECTIONS)}); a partial run is never the results of record")
+    p.add_argument("--out", type=Path, metavar="STEM", help="write STEM.json and STEM.png instead (default: see above)")
     args = p.parse_args(argv)
-    sections = set(args.only.split(","))
-    q = args.quick
+    opts = Options(sections=args.only, quick=args.quick, out=args.out)
+    if opts.out is not None and not opts.of_record and _is_record_path(opts.out):
+        p.error(f"--out: a --quick or partial run may not be written over the results of record ({opts.out})")
+    return opts
+
+
+def _is_record_path(stem: Path) -> bool:
+    return stem.resolve().parent == RESULTS.resolve() and RECORD_NAME.fullmatch(stem.name) is not None
+
+
+def result_stem(opts: Options, day: dt.date) -> Path:
+    """Where a run's .json and .png go. Smoke and partial runs get their own names (ignored
+    by git), so they never overwrite the day's results of record."""
+    if opts.out is not None:
+        return opts.out
+    name = day.isoformat()
+    if opts.quick:
+        name += "-quick"
+    if opts.sections != SECTIONS:
+        name += "-partial-" + "+".join(opts.sections)
+    return RESULTS / name
+
+
+def write_results(result: dict[str, Any], stem: Path) -> None:
+    """Both files or neither: each is written aside and renamed into place once both exist."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    json_tmp, png_tmp = Path(f"{stem}.json.tmp"), Path(f"{stem}.png.tmp")
+    try:
+        json_tmp.write_text(json.dumps(result, indent=2) + "\n")
+        chart(result, png_tmp)
+        os.replace(json_tmp, f"{stem}.json")
+        os.replace(png_tmp, f"{stem}.png")
+    finally:
+        json_tmp.unlink(missing_ok=True)
+        png_tmp.unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)  # before anything runs: a bad flag costs nothing and writes nothing
+    sections, q = opts.sections, opts.quick
     started = time.time()
+    now = dt.datetime.now(dt.timezone.utc)
     result: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": now.isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "quick": q,
+        "sections": list(sections),
         "results": {},
     }
     r = result["results"]
-    if "push" in sections:
-        r["push"] = push(n=5_000 if q else 50_000, warm_n=3_000 if q else 20_000)
-    if "publish" in sections:
-        r["publish"] = publish(batches=10 if q else 50)
-    if "pull" in sections:
-        r["pull"] = pull(n=3_000 if q else 20_000)
-    if "latency" in sections:
-        r["latency"] = latency(rate=500, seconds=10 if q else 60, warmup=10 if q else 20)
-    if "scale" in sections:
-        r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000], skip=200 if q else 2_000,
-                           measure=600 if q else 6_000, sql=spark_sql_timer())
+    # Warehouses (up to 1M messages for scale) and job logs: one directory, gone at the end.
+    with tempfile.TemporaryDirectory(prefix="deltabus-bench-") as tmp:
+        scratch = Path(tmp)
+        if "push" in sections:
+            r["push"] = push(n=5_000 if q else 50_000, warm_n=3_000 if q else 20_000, scratch=scratch)
+        if "publish" in sections:
+            r["publish"] = publish(batches=10 if q else 50, scratch=scratch)
+        if "pull" in sections:
+            r["pull"] = pull(n=3_000 if q else 20_000, scratch=scratch)
+        if "latency" in sections:
+            r["latency"] = latency(rate=500, seconds=10 if q else 60, warmup=10 if q else 20, scratch=scratch)
+        if "scale" in sections:
+            r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000], skip=200 if q else 2_000,
+                               measure=600 if q else 6_000, sql=spark_sql_timer(), scratch=scratch)
     result["seconds"] = round(time.time() - started, 1)
-    # A smoke run never overwrites the day's results of record.
-    stem = Path(args.out) if args.out else RESULTS / (dt.date.today().isoformat() + ("-quick" if q else ""))
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    chart(result, Path(f"{stem}.png"))
-    log(f"wrote {stem}.json and {stem}.png in {result['seconds']:.0f} s")
+    stem = result_stem(opts, now.date())
+    write_results(result, stem)
+    log(f"wrote {stem}.json and {stem}.png in {result['seconds']:.0f} s" + ("" if opts.of_record else " (not the results of record)"))
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in r.items()}, indent=2))
     return 0
 

@@ -1,0 +1,114 @@
+"""bench/run.sh's command line: bad sections are refused before anything runs, and only a
+full run of every section writes the day's results of record (no benchmark is run here
+except one small --quick section)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.run import RESULTS, SECTIONS, Options, parse_args, result_stem
+from tests.conftest import ROOT
+
+DAY = dt.date(2026, 11, 23)
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("only, unknown", [("nosuch", "'nosuch'"), ("push,latncy", "'latncy'")])
+def test_unknown_section_is_one_line_naming_the_flag_and_the_valid_sections(only, unknown, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--only", only])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "--only" in err and unknown in err and ", ".join(SECTIONS) in err
+
+
+@pytest.mark.parametrize("only", ["", ",", " , "])
+def test_no_section_is_an_error(only, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--only", only])
+    assert exit_.value.code == 2
+    assert "--only" in capsys.readouterr().err
+
+
+def test_sections_run_in_their_order_once_each():
+    assert parse_args(["--only", "scale, push,push"]).sections == ("push", "scale")
+    assert parse_args([]).sections == SECTIONS
+
+
+@pytest.mark.parametrize(
+    "argv, name, of_record",
+    [
+        ([], "2026-11-23", True),
+        (["--only", ",".join(reversed(SECTIONS))], "2026-11-23", True),  # every section: a full run
+        (["--quick"], "2026-11-23-quick", False),
+        (["--only", "push"], "2026-11-23-partial-push", False),
+        (["--only", "scale,publish"], "2026-11-23-partial-publish+scale", False),
+        (["--quick", "--only", "latency"], "2026-11-23-quick-partial-latency", False),
+    ],
+)
+def test_only_a_full_run_is_written_as_the_results_of_record(argv, name, of_record):
+    opts = parse_args(argv)
+    assert opts.of_record is of_record
+    assert result_stem(opts, DAY) == RESULTS / name
+
+
+@pytest.mark.parametrize("argv", [["--quick"], ["--only", "push"], ["--quick", "--only", "pull,push"]])
+def test_smoke_and_partial_results_are_ignored_by_git(argv):
+    stem = result_stem(parse_args(argv), DAY)
+    paths = [f"{stem.relative_to(ROOT)}.json", f"{stem.relative_to(ROOT)}.png"]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert ignored.stdout.split() == paths
+    record = result_stem(parse_args([]), DAY).relative_to(ROOT)
+    assert subprocess.run(["git", "check-ignore", "-q", f"{record}.json"], cwd=ROOT).returncode == 1
+
+
+def test_out_chooses_the_path_but_a_partial_run_may_not_take_the_record_s(tmp_path, capsys):
+    assert result_stem(parse_args(["--only", "push", "--out", str(tmp_path / "x")]), DAY) == tmp_path / "x"
+    assert parse_args(["--out", str(RESULTS / "2026-11-23")]) == Options(SECTIONS, False, RESULTS / "2026-11-23")
+    for argv in (["--only", "push"], ["--quick"]):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args([*argv, "--out", str(RESULTS / "2026-11-23")])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "results of record" in err
+
+
+def test_run_sh_refuses_an_unknown_section_and_writes_nothing():
+    before = _snapshot(RESULTS)
+    proc = subprocess.run([str(ROOT / "bench" / "run.sh"), "--only", "nosuch"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("deltabus setup:")]
+    assert len(lines) == 1, proc.stderr
+    assert "--only" in lines[0] and "nosuch" in lines[0] and ", ".join(SECTIONS) in lines[0]
+    assert proc.stdout == ""
+    assert _snapshot(RESULTS) == before
+
+
+def test_quick_partial_run_writes_its_own_files_and_leaves_no_scratch_behind(tmp_path):
+    """One cheap real section: results go where --out says, with the sections recorded, and
+    the warehouses it made (under TMPDIR) are gone afterwards."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    before = _snapshot(RESULTS)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.run([str(ROOT / "bench" / "run.sh"), "--quick", "--only", "pull", "--out", str(tmp_path / "res")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "res.json").read_text())
+    assert result["quick"] is True and result["sections"] == ["pull"] and list(result["results"]) == ["pull"]
+    assert result["results"]["pull"]["processes_1_acked"] == result["results"]["pull"]["messages"]
+    assert (tmp_path / "res.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.json", "res.png", "tmp"]  # no .tmp halves left
+    assert list(scratch.iterdir()) == []
+    assert _snapshot(RESULTS) == before
