@@ -25,6 +25,15 @@ class NotFound(DeltabusError, LookupError):
         super().__init__(f"{kind} not found: {name}")
 
 
+class WarehouseNotFound(NotFound):
+    """No deltabus tables at the warehouse path: a read never creates a warehouse (Pub/Sub
+    answers NOT_FOUND for a project with nothing in it). Nothing was written."""
+
+    def __init__(self, warehouse: str) -> None:
+        super().__init__("warehouse", warehouse)
+        self.args = (f"no warehouse at {warehouse}",)
+
+
 class AlreadyExists(DeltabusError):
     """A topic or subscription with that name exists already."""
 

@@ -24,10 +24,22 @@ class PublisherClient(ClientBase):
 
     ``publish`` batches messages in the background (``batch_settings``) and resolves
     each future with the message id once the batch's Delta commit succeeded.
+
+    The publisher is where topics are made, so by default it creates a missing warehouse
+    when constructed. With ``create_warehouse=False`` only ``create_topic`` creates one
+    (after validating its request); every other call on a missing warehouse raises
+    ``WarehouseNotFound``.
     """
 
-    def __init__(self, warehouse: str | None = None, *, batch_settings: BatchSettings = BatchSettings(), **kwargs: Any) -> None:
-        super().__init__(warehouse, **kwargs)
+    def __init__(
+        self,
+        warehouse: str | None = None,
+        *,
+        batch_settings: BatchSettings = BatchSettings(),
+        create_warehouse: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(warehouse, create_warehouse=create_warehouse, **kwargs)
         if not isinstance(batch_settings, BatchSettings):
             raise InvalidArgument("batch_settings", "must be a deltabus.types.BatchSettings")
         self.batch_settings = batch_settings
@@ -46,7 +58,8 @@ class PublisherClient(ClientBase):
         f = fields("create_topic", request, {"name", "labels"}, name=name, labels=labels)
         topic = str(names.parse_topic(required(f, "name", "create_topic"), "name"))
         lbls = validate_labels(f.get("labels"))
-        return self._registry.create_topic(topic, lbls).public()
+        _, registry = self._open(create=True)  # creating a topic may create the warehouse
+        return registry.create_topic(topic, lbls).public()
 
     def get_topic(self, request: Mapping[str, Any] | None = None, *, topic: str | None = None) -> Topic:
         f = fields("get_topic", request, {"topic"}, topic=topic)

@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import ENGINES
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, WarehouseNotFound
 from .delta_rs import DeltaRsEngine
 from .engine import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
 
@@ -57,16 +57,60 @@ def choose_engine(engine: str | None, spark: Any | None) -> str:
     return chosen
 
 
+def _local_path(warehouse: str) -> str | None:
+    if warehouse.startswith("file://"):
+        return warehouse.removeprefix("file://")
+    return None if "://" in warehouse else warehouse
+
+
+def check_warehouse_path(warehouse: object, field: str = "warehouse") -> str:
+    """A warehouse is a non-empty path or URI; a local one is a directory or not there yet.
+
+    Checked before anything is created, so a path that is a file (or lies under one) is a
+    clear error instead of delta-rs's "[Errno 17] File exists"."""
+    if not isinstance(warehouse, str) or not warehouse:
+        raise InvalidArgument(field, "must be a non-empty path or URI")
+    local = _local_path(warehouse)
+    if local is not None:
+        path = os.path.abspath(local)
+        while not os.path.exists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        if not os.path.isdir(path):
+            raise InvalidArgument(field, f"must be a directory (or a path to create one), but {path} is a file")
+    return warehouse
+
+
+def warehouse_exists(warehouse: str, storage_options: Mapping[str, str] | None = None) -> bool:
+    """Whether any deltabus table is at the warehouse (a partly created one counts: opening completes it)."""
+    from deltalake import DeltaTable
+
+    from .tables import ALL
+
+    local = _local_path(warehouse)
+    if local is not None and not os.path.isdir(local):
+        return False
+    base = (os.path.abspath(local) if local is not None else warehouse).rstrip("/")
+    opts = dict(storage_options) if storage_options else None
+    return any(DeltaTable.is_deltatable(f"{base}/{spec.name}", storage_options=opts) for spec in ALL)
+
+
 def open_engine(
     warehouse: str,
     *,
     engine: str | None = None,
     storage_options: Mapping[str, str] | None = None,
     spark: "SparkSession | None" = None,
+    create: bool = True,
 ) -> Engine:
-    """Open (and create, when missing) the warehouse's tables on the chosen engine."""
-    if not isinstance(warehouse, str) or not warehouse:
-        raise InvalidArgument("warehouse", "must be a non-empty path or URI")
+    """Open the warehouse's tables on the chosen engine.
+
+    With ``create`` (jobs, set-up, topic creation) a missing warehouse is created; without
+    it a missing one raises ``WarehouseNotFound`` and nothing is written. Either way the
+    tables a warehouse of an older version lacks are added.
+    """
+    check_warehouse_path(warehouse)
+    if not create and not warehouse_exists(warehouse, storage_options):
+        raise WarehouseNotFound(warehouse)
     chosen = choose_engine(engine, spark)
     store: Engine
     if chosen == "delta-spark":
@@ -87,6 +131,8 @@ __all__ = [
     "NotMatchedInsert",
     "literal",
     "open_engine",
+    "check_warehouse_path",
+    "warehouse_exists",
     "choose_engine",
     "ENGINES",
     "DeltaRsEngine",
