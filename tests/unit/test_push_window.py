@@ -34,9 +34,10 @@ def test_linear_growth_past_3000_while_healthy():
     assert big.limit == MAX_WINDOW
 
 
-def test_nacks_halve_the_window():
-    w = PushWindow(size=100).after_round(acks=90, nacks=10, mean_latency=0.1)
-    assert w.limit == 50
+def test_nacks_shrink_the_window_in_proportion():
+    assert PushWindow(size=100).after_round(acks=0, nacks=100, mean_latency=0.1).limit == 50  # all nacked: halved
+    assert PushWindow(size=100).after_round(acks=90, nacks=10, mean_latency=0.1).limit == 185  # +90 acks, -5
+    assert PushWindow(size=100).after_round(acks=30, nacks=70, mean_latency=0.1).limit == 95  # mostly failing: shrinks
     assert PushWindow(size=1).after_round(0, 1, 0.1).limit == 1
 
 

@@ -5,10 +5,16 @@ doubles every round trip (exponential). Past 3,000 it grows linearly, by 3,000 p
 window's worth of acks (each ack adds 3,000 / window, as TCP's congestion avoidance adds
 one segment per round trip), up to 30,000, and only while the subscription acks more
 than 99% of pushes with an average latency under 1 s; otherwise it falls back to 3,000.
-A round with nacks halves it (never below 1).
+Each nack takes ``NACK_SHRINK`` (half a push) off it, never below 1: a round where the
+whole window nacks halves it, and a window of 1,000 with 10 nacks loses 5. So the window
+shrinks in proportion to the nack fraction. In slow start a full window's round moves it
+by a factor 2 - 1.5 f (f the nack fraction): it still grows while fewer than two thirds of
+the pushes fail, and collapses only for an endpoint that mostly fails, which the backoff
+(``push_backoff.py``) paces as well.
+(Halving on any nacking round, as before, kept a 1-in-10 flaky endpoint's window near 1.)
 
-Growth is counted per ack, not per micro-batch, so it does not depend on how outcomes
-happen to be split between batches.
+Growth and shrinkage are counted per outcome, not per micro-batch, so they do not depend
+on how outcomes happen to be split between batches.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ LINEAR_STEP = 3_000  # per window's worth of acks
 EWMA_ALPHA = 0.3
 HEALTHY_LATENCY = 1.0
 HEALTHY_ACK_RATIO = 0.99
+NACK_SHRINK = 0.5  # pushes taken off the window per nack
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +51,7 @@ class PushWindow:
         latency = (1 - EWMA_ALPHA) * self.avg_latency + EWMA_ALPHA * mean_latency if self.avg_latency else mean_latency
         ratio = (1 - EWMA_ALPHA) * self.ack_ratio + EWMA_ALPHA * (acks / total)
         size = self.size
-        if nacks:
-            size = max(1.0, size / 2)
-        elif size < SLOW_START_LIMIT:
+        if size < SLOW_START_LIMIT:
             exponential = min(float(SLOW_START_LIMIT) - size, float(acks))
             size += exponential
             if size >= SLOW_START_LIMIT and latency < HEALTHY_LATENCY and ratio > HEALTHY_ACK_RATIO:
@@ -55,4 +60,5 @@ class PushWindow:
             size = min(float(MAX_WINDOW), size + LINEAR_STEP * acks / size)
         if size > SLOW_START_LIMIT and (latency > HEALTHY_LATENCY or ratio < HEALTHY_ACK_RATIO):
             size = float(SLOW_START_LIMIT)
+        size = max(1.0, size - NACK_SHRINK * nacks)
         return PushWindow(size=size, avg_latency=latency, ack_ratio=ratio)
