@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from dataclasses import dataclass
+from typing import Callable, Literal
 
 from aiohttp import web
 
@@ -18,13 +20,20 @@ class Push:
     data: bytes
     attributes: dict[str, str]
     delivery_attempt: int
+    received_at: float  # seconds since the epoch, when the endpoint read the request
 
 
 class LocalEndpoint:
-    """``with LocalEndpoint() as ep: ... ep.url ... ep.pushes``. Answers `status` to wrapped pushes."""
+    """Answers `status` to wrapped pushes and keeps them (``ep.pushes``).
 
-    def __init__(self, status: int = 204) -> None:
+    ``with LocalEndpoint() as ep: ... ep.url ...``, or, where one block cannot hold it (a
+    notebook's cells), ``ep = LocalEndpoint().start()`` ... ``ep.stop()``.
+    """
+
+    def __init__(self, status: int = 204, *, clock: Callable[[], float] = time.time) -> None:
         self.status = status
+        self._clock = clock
+        self._state: Literal["new", "running", "stopped"] = "new"
         self._pushes: list[Push] = []
         self._lock = threading.Lock()
         app = web.Application(client_max_size=20 * 1024 * 1024)
@@ -33,6 +42,8 @@ class LocalEndpoint:
 
     @property
     def url(self) -> str:
+        if self._state != "running":
+            raise RuntimeError(f"the endpoint is {'not started' if self._state == 'new' else 'stopped'}: it has no URL")
         return f"http://127.0.0.1:{self._server.port}/push"
 
     @property
@@ -43,14 +54,28 @@ class LocalEndpoint:
     async def _handle(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read())
         m = body["message"]
-        push = Push(m["messageId"], base64.b64decode(m.get("data", "")), m.get("attributes", {}), body.get("deliveryAttempt", 1))
+        push = Push(m["messageId"], base64.b64decode(m.get("data", "")), m.get("attributes", {}), body.get("deliveryAttempt", 1),
+                    self._clock())
         with self._lock:
             self._pushes.append(push)
         return web.Response(status=self.status)
 
-    def __enter__(self) -> "LocalEndpoint":
+    def start(self) -> "LocalEndpoint":
+        """Listen on a free port of 127.0.0.1; returns the endpoint. An endpoint starts once."""
+        if self._state != "new":
+            raise RuntimeError(f"the endpoint was already {'started' if self._state == 'running' else 'stopped'}")
         self._server.start()
+        self._state = "running"
         return self
 
+    def stop(self) -> None:
+        """Close the port. Idempotent; what was received stays in ``pushes``."""
+        if self._state == "running":
+            self._server.stop()
+        self._state = "stopped"
+
+    def __enter__(self) -> "LocalEndpoint":
+        return self.start()
+
     def __exit__(self, *exc: object) -> None:
-        self._server.stop()
+        self.stop()
