@@ -6,9 +6,9 @@ import datetime as _dt
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
-from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
+from .validation import check_push_endpoint
 
 __all__ = [
     "PubsubMessage",
@@ -106,12 +106,7 @@ class PushConfig:
         if not isinstance(self.push_endpoint, str):
             raise InvalidArgument("push_config.push_endpoint", "must be a string URL")
         if self.push_endpoint:
-            parts = urlsplit(self.push_endpoint)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise InvalidArgument(
-                    "push_config.push_endpoint",
-                    f"must be an absolute http(s) URL with a host, got {self.push_endpoint!r}",
-                )
+            check_push_endpoint(self.push_endpoint)
         if not isinstance(self.attributes, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.attributes.items()
         ):

@@ -1,8 +1,11 @@
-"""Pub/Sub's message limits, checked before anything is written."""
+"""Input rules checked before anything is written: Pub/Sub's message limits, push endpoints."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
 
@@ -121,3 +124,63 @@ def check_arrow(table: "pa.Table", where: str = "dataframe") -> "pa.Array":
         i = first_bad(too_long)
         raise InvalidArgument(f"{where}.ordering_key[row {i}]", f"must be at most {MAX_ORDERING_KEY_BYTES} bytes")
     return pa.array(size, pa.int64())
+
+
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens, 1..63
+# characters each, 253 in all (an international name is checked in its IDNA form).
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_WHITESPACE = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def check_push_endpoint(url: str, field: str = "push_config.push_endpoint") -> str:
+    """An absolute http(s) URL with a valid host name or IP address, a port of 1..65535 and
+    no user info, fragment or whitespace; return it unchanged.
+
+    Parsed with yarl (aiohttp's own URL type, so the rule matches what the push job will
+    connect to); yarl parses leniently ("https://a b/" has host "a b"), so the host is then
+    checked here.
+    """
+    import yarl
+
+    # Errors echo the URL without its query, which may carry a token (Pub/Sub allows ?token=).
+    shown = url.split("?", 1)[0] + ("?…" if "?" in url else "")
+
+    def bad(rule: str) -> InvalidArgument:
+        return InvalidArgument(field, f"{rule}, got {shown!r}")
+
+    if _WHITESPACE.search(url):
+        raise bad("must not contain whitespace or control characters")
+    try:
+        parsed = yarl.URL(url)
+        port = parsed.explicit_port
+    except (ValueError, UnicodeError) as exc:
+        if "port" in str(exc).lower():
+            raise bad("the port must be a number 1..65535") from None
+        raise bad(f"must be a valid URL ({exc})") from None
+    if parsed.scheme not in ("http", "https"):
+        raise bad("must be an http or https URL")
+    host = parsed.raw_host
+    if not parsed.is_absolute() or not host:
+        raise bad("must be an absolute URL with a host")
+    if "@" in urlsplit(url).netloc:  # not echoed: it may hold a password
+        raise InvalidArgument(field, "must not carry user:password@ (it would be stored and shown in plain text; use oidc_token)")
+    if "#" in url:
+        raise bad("must not have a #fragment (it is never sent)")
+    if port is not None and not 1 <= port <= 65535:
+        raise bad("the port must be a number 1..65535")
+    _check_host(host, bad)
+    return url
+
+
+def _check_host(host: str, bad: Any) -> None:
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    labels = name.split(".")
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        raise bad("the host must be a valid host name (letters, digits, '-' and dots) or an IP address")
+    if labels[-1].isdigit():
+        raise bad("the host must be a valid IP address")

@@ -91,3 +91,64 @@ def test_lone_surrogates_are_invalid_argument(attrs, okey, field):
     with pytest.raises(InvalidArgument) as e:
         check_message(b"x", attrs, okey)
     assert e.value.field == field
+
+
+# -- push endpoints ------------------------------------------------------------------------
+from deltabus.types import PushConfig  # noqa: E402
+from deltabus.validation import check_push_endpoint  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.com/push",
+        "https://example.com:8443/push?token=abc",
+        "http://127.0.0.1:8080/p",
+        "http://localhost/p",
+        "https://[::1]:1/p",
+        "https://push.example.com.:65535/",
+        "https://bücher.example/p",
+    ],
+)
+def test_good_push_endpoints(url):
+    assert check_push_endpoint(url) == url
+    assert PushConfig(push_endpoint=url).push_endpoint == url
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("https://exa mple.com/push", "whitespace"),
+        ("https://example.com/push ", "whitespace"),
+        ("https://example.com/a\tb", "whitespace"),
+        ("https://example.com:99999/push", "port must be a number 1..65535"),
+        ("https://example.com:0/push", "port must be a number 1..65535"),
+        ("https://example.com:http/push", "port must be a number 1..65535"),
+        ("ftp://example.com/push", "http or https"),
+        ("example.com/push", "http or https"),
+        ("https:///push", "absolute URL with a host"),
+        ("https://user:secret@example.com/push", "user:password@"),
+        ("https://example.com/push#frag", "fragment"),
+        ("https://exa_mple.com/push", "valid host name"),
+        ("https://-example.com/push", "valid host name"),
+        ("https://example..com/push", "valid host name"),
+        ("https://a%20b/push", "valid host name"),
+        ("https://300.1.1.1/push", "valid IP address"),
+        ("https://[::1/push", "valid URL"),
+    ],
+)
+def test_bad_push_endpoints_name_field_and_rule(url, words):
+    for check in (check_push_endpoint, lambda u: PushConfig(push_endpoint=u), lambda u: PushConfig.coerce({"push_endpoint": u})):
+        with pytest.raises(InvalidArgument) as e:
+            check(url)
+        assert e.value.field == "push_config.push_endpoint"
+        assert words in e.value.rule
+
+
+def test_endpoint_errors_never_echo_credentials_or_query_tokens():
+    with pytest.raises(InvalidArgument) as e:
+        check_push_endpoint("https://user:s3cret@example.com/push")
+    assert "s3cret" not in str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        check_push_endpoint("https://exa mple.com/push?token=s3cret")
+    assert "s3cret" not in str(e.value)
