@@ -78,8 +78,8 @@ def row(url):
 
 def test_untrusted_certificate_is_a_failed_push(https_endpoint):
     url, _ = https_endpoint
-    [(status, outcome, _)] = asyncio.run(send_all([row(url)]))
-    assert (status, outcome) == (0, "error")
+    [(status, outcome, _, error)] = asyncio.run(send_all([row(url)]))
+    assert (status, outcome, error) == (0, "error", "tls")
 
 
 def test_trusted_certificate_is_delivered(https_endpoint):

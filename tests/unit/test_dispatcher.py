@@ -31,7 +31,7 @@ def results(work: pa.Table, outcome: str = "ack") -> pa.Table:
     return pa.table({
         "sub_uid": work["sub_uid"], "message_id": work["message_id"], "delivery_attempt": work["delivery_attempt"],
         "status": pa.array([204] * n, pa.int32()), "outcome": pa.array([outcome] * n), "latency_seconds": pa.array([0.01] * n),
-        "assignment": work["assignment"],
+        "error": pa.array([""] * n), "assignment": work["assignment"],
     }, schema=RESULT_SCHEMA)
 
 

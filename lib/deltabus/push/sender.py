@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import errno
 import logging
 import time
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -50,6 +51,9 @@ OUTCOME_SCHEMA = pa.schema(
         pa.field("status", pa.int32()),  # HTTP status; 0 when there was no answer
         pa.field("outcome", pa.string()),  # ack | nack | timeout | error | expired (not sent: lease over)
         pa.field("latency_seconds", pa.float64()),
+        # Why a push failed without an HTTP answer (error_class): "connection refused", "tls", ...;
+        # empty otherwise. A closed set of words, never the exception's text (it may hold a URL).
+        pa.field("error", pa.string()),
     ]
 )
 
@@ -131,8 +135,34 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     return t
 
 
-async def send(session: aiohttp.ClientSession, req: Request) -> tuple[int, str, float]:
-    """POST one request; (HTTP status or 0, outcome, seconds)."""
+def error_class(exc: BaseException) -> str:
+    """A short, secret-free name for why a push got no HTTP answer (for logs and the backlog)."""
+    if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)):
+        return "tls"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "dns"
+    if isinstance(exc, (aiohttp.InvalidUrlClientError, aiohttp.NonHttpUrlClientError, ValueError)):
+        return "invalid url"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "disconnected"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "bad response"
+    code = getattr(exc, "errno", None)
+    if code is None and isinstance(getattr(exc, "os_error", None), OSError):
+        code = exc.os_error.errno  # type: ignore[attr-defined]
+    if code == errno.ECONNREFUSED:
+        return "connection refused"
+    if code in (errno.ECONNRESET, errno.EPIPE) or isinstance(exc, aiohttp.ClientConnectionResetError):
+        return "connection reset"
+    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "unreachable"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect failed"
+    return "error"
+
+
+async def send(session: aiohttp.ClientSession, req: Request) -> tuple[int, str, float, str]:
+    """POST one request; (HTTP status or 0, outcome, seconds, error class or "")."""
     body, headers = _request(req)
     # Latency is the endpoint's: measured from when the request really goes out.
     started = time.monotonic()
@@ -140,20 +170,20 @@ async def send(session: aiohttp.ClientSession, req: Request) -> tuple[int, str, 
         async with session.post(req.endpoint, data=body, headers=headers, timeout=_timeout(req.timeout_seconds)) as resp:
             await resp.read()
             status = resp.status
-        return status, ("ack" if status in ACK_STATUSES else "nack"), time.monotonic() - started
+        return status, ("ack" if status in ACK_STATUSES else "nack"), time.monotonic() - started, ""
     except asyncio.TimeoutError:
-        return 0, "timeout", time.monotonic() - started
+        return 0, "timeout", time.monotonic() - started, ""
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         log.debug("push to %s for %s failed: %s", req.subscription, req.message_id, type(exc).__name__)
-        return 0, "error", time.monotonic() - started
+        return 0, "error", time.monotonic() - started, error_class(exc)
 
 
-async def send_all(rows: Sequence[Mapping[str, Any]], concurrency: int = MAX_CONCURRENCY) -> list[tuple[int, str, float]]:
+async def send_all(rows: Sequence[Mapping[str, Any]], concurrency: int = MAX_CONCURRENCY) -> list[tuple[int, str, float, str]]:
     """POST every row (a mapping of REQUEST_SCHEMA's fields) with at most `concurrency`
     requests open; results in row order. For one-off sends and tests; the push job's
     workers keep their own session and queues (``worker.py``)."""
     reqs = [Request(**{f: row[f] for f in Request._fields if f in row}) for row in rows]
-    results: list[tuple[int, str, float]] = [(0, "error", 0.0)] * len(reqs)
+    results: list[tuple[int, str, float, str]] = [(0, "error", 0.0, "error")] * len(reqs)
     todo = iter(range(len(reqs)))
     connector = aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:

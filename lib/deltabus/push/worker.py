@@ -109,22 +109,22 @@ class Worker:
             if req.lease_expires is not None and self._wall() >= req.lease_expires:
                 # Waited here past its lease (a slow endpoint, a full worker): the message is
                 # due again under a new attempt, so sending this one would push it twice.
-                status, outcome, latency = 0, "expired", 0.0
+                status, outcome, latency, error = 0, "expired", 0.0, ""
             else:
-                status, outcome, latency = await self._send(req)
+                status, outcome, latency, error = await self._send(req)
             # self._outbox, not a local: the report loop swaps in a new list.
-            self._outbox.append((req.sub_uid, req.message_id, req.delivery_attempt, status, outcome, latency, aid))
+            self._outbox.append((req.sub_uid, req.message_id, req.delivery_attempt, status, outcome, latency, error, aid))
             sub.held -= 1
             self.pushed += outcome != "expired"
             if sub.held == self.low_water or sub.held == 0:
                 self._room.set()
 
-    async def _send(self, req: Request) -> tuple[int, str, float]:
+    async def _send(self, req: Request) -> tuple[int, str, float, str]:
         try:
             return await send(self._session, req)
         except Exception as exc:  # a bug, not the endpoint: report it as failed, keep going
             log.error("push worker: sending failed unexpectedly: %s", type(exc).__name__)
-            return 0, "error", 0.0
+            return 0, "error", 0.0, "error"
 
     @property
     def busy(self) -> bool:
