@@ -2,7 +2,11 @@
 
     ./spark-submit.sh jobs/sql.py -e "select subscription, num_undelivered_messages from backlog order by 2 desc"
     ./spark-submit.sh jobs/sql.py -f report.sql
-    ./spark-submit.sh jobs/sql.py                  # an interactive spark-sql style prompt
+    ./spark-submit.sh jobs/sql.py                  # an interactive prompt; statements end with ';'
+    ./spark-submit.sh jobs/sql.py < report.sql     # statements piped in
+
+-e and -f stop at the first failing statement and exit 1. The prompt (typed or piped)
+prints one error line for a failing statement and goes on; end of input or 'quit' exits 0.
 """
 
 from __future__ import annotations
@@ -21,21 +25,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=50, help="rows to show per result (default 50)")
     args = p.parse_args(argv)
 
+    from deltabus.spark.sql_shell import (
+        BANNER,
+        attach_user_stdin,
+        console_reader,
+        error_line,
+        quiet_query_error_logs,
+        repl,
+        run_statements,
+        split_statements,
+    )
+
+    console = None
+    if not (args.execute or args.file):
+        # spark-submit's PythonRunner starts this driver with PYSPARK_GATEWAY_PORT set and a stdin
+        # pipe it never writes to: reattach the user's terminal or pipe before anything reads it.
+        try:
+            console = attach_user_stdin(under_spark_submit="PYSPARK_GATEWAY_PORT" in os.environ)
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
     import deltabus.spark
-    from deltabus.spark.sql_shell import repl, run_statements, split_statements
 
     spark = deltabus.spark.session(args.warehouse, app_name="deltabus-sql")
     spark.sparkContext.setLogLevel("WARN")
+    quiet_query_error_logs()
     try:
-        if args.execute or args.file:
+        if console is None:
             text = args.execute if args.execute else open(args.file).read()
             try:
                 run_statements(spark, split_statements(text), rows=args.rows, say=print)
             except Exception as exc:
-                print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+                print(error_line(exc), file=sys.stderr)
                 return 1
         else:
-            repl(spark, sys.stdin, rows=args.rows, say=lambda s: print(s, end="" if s.endswith("> ") else "\n", flush=True))
+            if console.interactive:
+                print(BANNER, flush=True)
+            repl(
+                spark,
+                console_reader(console),
+                rows=args.rows,
+                say=lambda s: print(s, flush=True),
+                say_error=lambda s: print(s, file=sys.stderr, flush=True),
+            )
     finally:
         spark.stop()
     return 0

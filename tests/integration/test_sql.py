@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import io
+import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +12,7 @@ import time
 import pytest
 
 import deltabus.spark
-from deltabus.spark.sql_shell import repl, split_statements
+from deltabus.spark.sql_shell import repl, split_statements, take_statements
 from tests.conftest import ROOT, ManualClock
 
 pytestmark = pytest.mark.spark
@@ -55,16 +57,136 @@ def test_deleted_topic_shows_in_subscriptions(spark, pub, sub, topic, subscripti
 def test_statement_splitting():
     assert split_statements("select 1; select ';' as x ;\n") == ["select 1", "select ';' as x"]
     assert split_statements("  ") == []
+    assert split_statements("select 'it\\'s;' as a; -- a comment; still\nselect 2 /* ; */") == [
+        "select 'it\\'s;' as a",
+        "-- a comment; still\nselect 2 /* ; */",
+    ]
+    assert split_statements("select 1; -- only a comment") == ["select 1"]
+    # The prompt keeps the unfinished rest for the next line.
+    assert take_statements("select 1;\nselect\n") == (["select 1"], "\nselect\n")
+    assert take_statements("select ';") == ([], "select ';")
+
+
+def _lines(text: str):
+    it = iter(text.splitlines())
+    return lambda prompt: next(it, None)
 
 
 def test_repl_runs_statements_and_survives_errors(spark, pub, topic, warehouse):
     pub.publish_batch(topic, [{"data": b"x"}] * 3)
     s = deltabus.spark.session(warehouse, spark=spark)
     out: list[str] = []
-    repl(s, io.StringIO("select count(*) as n\n from messages;\nselect nope from nowhere;\nexit;\n"), rows=10, say=out.append)
+    errors: list[str] = []
+    repl(
+        s,
+        _lines("select count(*) as n\n from messages;\nselect nope from nowhere;\nselect 2 as two; select 3 as three;\nquit\nselect 4 as four;"),
+        rows=10,
+        say=out.append,
+        say_error=errors.append,
+    )
     text = "\n".join(out)
-    assert "|n  |" in text and "|3  |" in text
-    assert any(line.startswith("error:") for line in out)
+    assert "|n  |" in text and "|3  |" in text and "|two|" in text and "|three|" in text
+    assert "four" not in text  # nothing runs after quit
+    assert len(errors) == 1 and errors[0].startswith("error: [TABLE_OR_VIEW_NOT_FOUND]") and "\n" not in errors[0]
+
+
+def test_repl_runs_a_last_statement_without_semicolon_at_eof(spark, warehouse):
+    s = deltabus.spark.session(warehouse, spark=spark)
+    out: list[str] = []
+    repl(s, _lines("select 41 + 1 as answer"), rows=10, say=out.append)
+    assert "|42    |" in "\n".join(out)
+
+
+def _sql_warehouse(pub, topic) -> None:
+    pub.publish_batch(topic, [{"data": b"x"}] * 3)
+
+
+def test_sql_prompt_reads_piped_statements_through_spark_submit(pub, topic, warehouse):
+    """spark-submit gives the Python driver a stdin pipe of its own that nobody writes to:
+    the prompt must read the user's pipe, not hang on that one."""
+    _sql_warehouse(pub, topic)
+    script = "select count(*) as n\n  from messages;\nselect nope from nowhere;\nselect 'a;b' as s; -- done\nquit\nselect 'after quit' as s;\n"
+    proc = subprocess.run(
+        [str(ROOT / "spark-submit.sh"), "jobs/sql.py", "--warehouse", warehouse],
+        cwd=ROOT, input=script, capture_output=True, text=True, timeout=240,
+    )
+    out = proc.stdout + proc.stderr  # spark-submit merges the driver's stderr into its stdout anyway
+    assert proc.returncode == 0, out[-3000:]
+    assert "|n  |" in out and "|3  |" in out and "|a;b|" in out
+    assert "after quit" not in out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "TABLE_OR_VIEW_NOT_FOUND" in errors[0]
+    assert "Traceback" not in out and "SQLQueryContextLogger" not in out and "deltabus-sql>" not in out
+
+
+class _Pty:
+    """A terminal for a child process: what it prints is read back, lines are typed into it."""
+
+    def __init__(self, argv: list[str], cwd, env) -> None:
+        self.master, slave = os.openpty()
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        os.close(slave)
+        self.seen = ""
+
+    def expect(self, text: str, timeout: float = 180.0) -> str:
+        end = time.monotonic() + timeout
+        while text not in self.seen:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{text!r} never appeared; the terminal showed:\n{self.seen[-3000:]}")
+            ready, _, _ = select.select([self.master], [], [], min(left, 1.0))
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:  # the child closed the terminal
+                    chunk = b""
+                if not chunk and self.proc.poll() is not None:
+                    raise AssertionError(f"exited {self.proc.returncode} before {text!r}:\n{self.seen[-3000:]}")
+                self.seen += chunk.decode(errors="replace").replace("\r\n", "\n")
+        at = self.seen.index(text) + len(text)
+        before, self.seen = self.seen[:at], self.seen[at:]
+        return before
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Read what is left (so the child never blocks on a full terminal) until it exits."""
+        end = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < end:
+            if select.select([self.master], [], [], 0.2)[0]:
+                try:
+                    self.seen += os.read(self.master, 65536).decode(errors="replace")
+                except OSError:
+                    pass
+        return self.proc.poll()
+
+    def type(self, line: str) -> None:
+        os.write(self.master, line.encode() + b"\n")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.close(self.master)
+
+
+def test_sql_prompt_on_a_terminal_through_spark_submit(pub, topic, warehouse):
+    _sql_warehouse(pub, topic)
+    env = dict(os.environ, TERM="dumb")
+    term = _Pty([str(ROOT / "spark-submit.sh"), "jobs/sql.py", "--warehouse", warehouse], ROOT, env)
+    try:
+        assert "End each statement with ';'" in term.expect("deltabus-sql> ")
+        term.type("select count(*) as n")
+        term.expect("-> ")  # a statement goes on until its ';'
+        term.type("  from messages;")
+        shown = term.expect("deltabus-sql> ")
+        assert "|n  |" in shown and "|3  |" in shown
+        term.type("select nope from nowhere;")
+        shown = term.expect("deltabus-sql> ")
+        errors = [line for line in shown.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "TABLE_OR_VIEW_NOT_FOUND" in errors[0] and "Traceback" not in shown
+        term.type("quit")
+        assert term.wait_exit(timeout=120) == 0
+    finally:
+        term.close()
 
 
 def test_sql_job_help():
