@@ -1,3 +1,4 @@
+import logging
 import threading
 import time
 
@@ -5,6 +6,7 @@ import pytest
 
 from deltabus import NotFound, SubscriberClient
 from deltabus.types import FlowControl
+from tests.conftest import ManualClock
 
 
 class Gate:
@@ -51,7 +53,7 @@ def test_subscribe_delivers_and_acks_everything(pub, sub, topic, subscription):
     future = sub.subscribe(subscription, callback)
     assert wait_for(lambda: set(seen) == ids)
     future.cancel()
-    assert future.result(timeout=30) is None and future.cancelled()
+    assert future.result(timeout=30) is True and future.cancelled()
     assert set(seen.values()) == {1}
     assert wait_for(lambda: sub.get_backlog(subscription).num_unacked_messages == 0)
 
@@ -138,8 +140,61 @@ def test_nack_and_callback_errors_redeliver(pub, sub, topic, subscription):
     future = sub.subscribe(subscription, callback)
     assert wait_for(lambda: all(len(v) >= 3 for v in attempts.values()) and len(attempts) == 2)
     future.cancel()
-    future.result(timeout=30)
+    with pytest.raises(RuntimeError, match="boom"):  # the first callback error, as google-cloud-pubsub
+        future.result(timeout=30)
     assert attempts == {b"nack me": [1, 2, 3], b"raise": [1, 2, 3]}
+
+
+def test_callback_error_backs_off_logs_one_line_and_resolves_the_future(pub, topic, warehouse, caplog):
+    clock = ManualClock(time.time())
+    client = SubscriberClient(warehouse=warehouse, clock=clock)
+    s = client.subscription_path("local", "failing")
+    client.create_subscription(name=s, topic=topic)
+    [mid] = pub.publish_batch(topic, [{"data": b"secret payload"}])
+    calls: list[int] = []
+
+    def callback(message):
+        calls.append(message.delivery_attempt)
+        raise ValueError("cannot parse\nthe record")
+
+    caplog.set_level(logging.DEBUG, logger="deltabus.subscriber.streaming_pull")
+    future = client.subscribe(s, callback)
+    # google-cloud-pubsub: the first callback error resolves the future; the stream runs on.
+    with pytest.raises(ValueError, match="cannot parse"):
+        future.result(timeout=30)
+    assert not future.cancelled()
+    # While the clock stands still the message is not handed out again (a plain nack would
+    # make it due at once, and the running stream would deliver it over and over).
+    time.sleep(1.0)
+    assert calls == [1]
+    future.cancel()
+    with pytest.raises(ValueError):
+        future.result(timeout=30)
+    assert future.cancelled()
+
+    other = SubscriberClient(warehouse=warehouse, clock=clock)
+    assert other.pull(subscription=s, max_messages=5, return_immediately=True).received_messages == []
+    clock.advance(1.01)  # attempt 1 waits 1 s
+    [again] = other.pull(subscription=s, max_messages=5, return_immediately=True).received_messages
+    assert (again.message.message_id, again.delivery_attempt) == (mid, 2)
+
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("deltabus.subscriber")]
+    assert len(errors) == 1
+    line = errors[0].getMessage()
+    assert s in line and mid in line and "ValueError: cannot parse the record" in line and "redelivering in 1s" in line
+    assert "\n" not in line and "secret payload" not in line and errors[0].exc_info is None
+    traces = [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+    assert len(traces) == 1 and traces[0].exc_info[0] is ValueError
+    assert "secret payload" not in caplog.text
+    other.close()
+    client.close()
+
+
+def test_clean_cancel_resolves_the_future_with_true(sub, subscription):
+    future = sub.subscribe(subscription, lambda m: m.ack())
+    assert not future.done()
+    assert future.cancel() is True
+    assert future.result(timeout=30) is True and future.cancelled()
 
 
 def test_deleted_subscription_ends_the_stream_with_not_found(sub, topic, subscription):

@@ -24,6 +24,7 @@ from ..policy import flow_control as fc
 from ..policy import leases as lease_policy
 from ..policy.backoff import Backoff
 from ..policy.histogram import Histogram
+from ..policy.redelivery import after_callback_error
 from ..types import FlowControl
 from .futures import StreamingPullFuture
 from .message import Message
@@ -102,8 +103,7 @@ class StreamingPullManager:
                 fn()
             except BaseException as exc:  # the stream is broken: surface it on the future
                 log.error("streaming pull on %s failed: %s", self._subscription, exc)
-                if not self.future.done():
-                    self.future.set_exception(exc)
+                self.future.resolve_with_stream_error(exc)
                 threading.Thread(target=self.close, daemon=True).start()
 
         return run
@@ -134,8 +134,7 @@ class StreamingPullManager:
             if self._dispatcher is not threading.current_thread() and self._dispatcher.is_alive():
                 self._dispatcher.join()
             self._closed.set()
-            if not self.future.done():
-                self.future.set_result(None)
+            self.future.resolve_closed()
 
     # -- flow control and dispatch --------------------------------------------
     def _release(self, ack_id: str) -> None:
@@ -173,9 +172,31 @@ class StreamingPullManager:
     def _run_callback(self, message: Message) -> None:
         try:
             self._callback(message)
-        except Exception:
-            log.exception("subscriber callback raised for message %s; nacking it", message.message_id)
-            message.nack()
+        except Exception as exc:
+            self._on_callback_error(message, exc)
+
+    def _on_callback_error(self, message: Message, exc: Exception) -> None:
+        """Give the message back after a growing delay, log one line, resolve the future.
+
+        As google-cloud-pubsub (``_wrap_callback_errors`` with ``on_callback_error=
+        future.set_exception``): the first callback error resolves the future with that
+        exception while the stream keeps running; ``cancel()`` stops it.
+        """
+        delay = after_callback_error(message.delivery_attempt, self._rand())
+        with self._lock:
+            still_held = message.ack_id in self._held
+        if still_held:  # the callback did not ack or nack before raising
+            self._submit("modack", message, delay)
+            self._release(message.ack_id)
+        # One line, no payload; the exception's own text is cut to one line and 200 chars.
+        text = " ".join(str(exc).split())
+        log.error(
+            "callback raised on %s for message %s (delivery attempt %d): %s: %s; redelivering in %ds",
+            self._subscription, message.message_id, message.delivery_attempt, type(exc).__name__,
+            text[:200] + ("..." if len(text) > 200 else ""), delay if still_held else 0,
+        )
+        log.debug("traceback of the callback error for message %s on %s", message.message_id, self._subscription, exc_info=exc)
+        self.future.resolve_with_callback_error(exc)
 
     # -- the three loops ----------------------------------------------------------
     def _consume(self) -> None:
