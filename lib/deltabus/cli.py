@@ -1,23 +1,66 @@
-"""The ``deltabus`` command line: topics, subscriptions, publish, pull, backlog.
+"""The deltabus command line: topics, subscriptions, publish, pull, backlog.
 
-Names may be full (projects/P/topics/T) or short ids, expanded with --project
-(default: $DELTABUS_PROJECT or "local"). Errors are one line on stderr and exit 1.
+--warehouse and --project go before or after the command. Names are full
+(projects/P/topics/T) or short ids under --project (default: $DELTABUS_PROJECT or
+local). The warehouse is --warehouse, else $DELTABUS_WAREHOUSE, else ./warehouse. Only
+'init', 'topics create' and the push job create a warehouse; every other command on a
+path with none says "no warehouse at PATH" and creates nothing.
+
+An error prints one line, 'deltabus: error: ...', naming the bad argument, and exits 1;
+nothing is written. Ctrl-C exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
+import math
 import os
+import signal
 import sys
-from typing import Any, Callable, Iterator, Sequence, TextIO
+import threading
+from typing import Any, Iterator, Mapping, NoReturn, Sequence, TextIO
 
-from .errors import DeltabusError, InvalidArgument
+from .errors import DeltabusError, InvalidArgument, WarehouseNotFound
 
-BATCH = 1000
+BATCH = 1000  # messages per commit of publish --file
+INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C (128 + SIGINT)
+
+JSONL_HELP = """\
+FILE holds one JSON object per line (- reads stdin); blank lines are skipped:
+  {"data": "text"}                     data as UTF-8 text
+  {"data": {"order": 1}}               an object or array is sent as compact JSON: {"order":1}
+  {"data_base64": "AAEC"}              binary data (standard, padded base64), instead of data
+  "attributes": {"k": "v"}             string values only; added to --attribute (the line wins)
+  "ordering_key": "k"                  a string; default --ordering-key
+data null, a number or a boolean, any other field, or a bad value is an error naming
+FILE:LINE and the field. Every line is checked before anything is published; then one
+commit per 1,000 messages. Ctrl-C stops between commits and says what was published.
+"""
 
 
+class UsageError(Exception):
+    """A command line argparse could not parse (raised instead of argparse's exit 2)."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, message)
+
+
+class _Interrupted(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+# -- names and small parsers -----------------------------------------------------------------
 def _topic(args: argparse.Namespace, name: str) -> str:
     return name if name.startswith("projects/") else f"projects/{args.project}/topics/{name}"
 
@@ -26,7 +69,7 @@ def _sub(args: argparse.Namespace, name: str) -> str:
     return name if name.startswith("projects/") else f"projects/{args.project}/subscriptions/{name}"
 
 
-def _labels(pairs: Sequence[str] | None, flag: str = "--label") -> dict[str, str]:
+def _pairs(pairs: Sequence[str] | None, flag: str) -> dict[str, str]:
     out = {}
     for p in pairs or []:
         if "=" not in p:
@@ -36,16 +79,57 @@ def _labels(pairs: Sequence[str] | None, flag: str = "--label") -> dict[str, str
     return out
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _flag(field: str, flags: Mapping[str, str]) -> str:
+    """The command-line name of an API field: 'labels['K']' -> "--label 'K'"."""
+    for api, flag in sorted(flags.items(), key=lambda kv: -len(kv[0])):
+        if field == api:
+            return flag
+        if field.startswith(api + "["):
+            return f"{flag} {field[len(api) + 1 : -1]}" if field.endswith("]") else flag
+        if field.startswith(api + "."):
+            return flag
+    return field
+
+
+# -- push configuration ------------------------------------------------------------------------
+def _allow_http(args: argparse.Namespace) -> bool:
+    from .subscriber.client import allow_http_default
+
+    return bool(getattr(args, "allow_http", False)) or allow_http_default()
+
+
 def _push_config(args: argparse.Namespace) -> dict[str, Any] | None:
-    if args.push_endpoint is None:
-        if args.oidc_service_account or args.no_wrapper or args.write_metadata:
-            raise InvalidArgument("--push-endpoint", "push options need --push-endpoint")
-        return None
+    """The push configuration the flags describe (None: no push flags given)."""
+    from .types import PushConfig
+
+    extras = [f for f, on in (("--oidc-service-account", args.oidc_service_account), ("--oidc-audience", args.oidc_audience),
+                              ("--no-wrapper", args.no_wrapper), ("--write-metadata", args.write_metadata)) if on]
+    if not args.push_endpoint:
+        if extras:
+            raise InvalidArgument(extras[0], "needs --push-endpoint")
+        return None if args.push_endpoint is None else {}
+    if args.write_metadata and not args.no_wrapper:
+        raise InvalidArgument("--write-metadata", "needs --no-wrapper (Pub/Sub's write_metadata is part of no_wrapper)")
+    if args.oidc_audience is not None and not args.oidc_service_account:
+        raise InvalidArgument("--oidc-audience", "needs --oidc-service-account")
     cfg: dict[str, Any] = {"push_endpoint": args.push_endpoint}
     if args.oidc_service_account:
         cfg["oidc_token"] = {"service_account_email": args.oidc_service_account, "audience": args.oidc_audience or ""}
-    if args.no_wrapper or args.write_metadata:
+    if args.no_wrapper:
         cfg["no_wrapper"] = {"write_metadata": bool(args.write_metadata)}
+    PushConfig.coerce(cfg)  # the URL's own rules first, then the scheme
+    if args.push_endpoint.lower().startswith("http://") and not _allow_http(args):
+        raise InvalidArgument("--push-endpoint", "must be https; add --allow-http to allow plain http (meant for localhost and tests)")
     return cfg
 
 
@@ -71,13 +155,31 @@ def _subscription_dict(s: Any) -> dict[str, Any]:
     }
 
 
-# -- commands --------------------------------------------------------------------------------
-def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
+def _publisher(args: argparse.Namespace) -> Any:
     from . import PublisherClient
 
-    pub = PublisherClient(warehouse=args.warehouse)
+    return PublisherClient(warehouse=args.warehouse, create_warehouse=False)  # only create_topic creates one
+
+
+def _subscriber(args: argparse.Namespace, allow_http: bool = False) -> Any:
+    from . import SubscriberClient
+
+    return SubscriberClient(warehouse=args.warehouse, allow_http=allow_http)
+
+
+# -- commands --------------------------------------------------------------------------------
+def cmd_init(args: argparse.Namespace, out: TextIO) -> None:
+    from .storage import check_warehouse_path, open_engine, warehouse_exists
+
+    existed = warehouse_exists(check_warehouse_path(args.warehouse))
+    engine = open_engine(args.warehouse, engine="delta-rs", create=True)
+    print(f"{'warehouse already at' if existed else 'created warehouse at'} {engine.warehouse}", file=out)  # type: ignore[attr-defined]
+
+
+def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
+    pub = _publisher(args)
     if args.action == "create":
-        t = pub.create_topic(name=_topic(args, args.name), labels=_labels(args.label))
+        t = pub.create_topic(name=_topic(args, args.name), labels=_pairs(args.label, "--label"))
         print(f"created topic {t.name}", file=out)
     elif args.action == "list":
         rows = [{"name": t.name, "labels": ",".join(f"{k}={v}" for k, v in t.labels.items())} for t in pub.list_topics(project=args.project)]
@@ -88,20 +190,20 @@ def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
-    from . import SubscriberClient
-
-    sub = SubscriberClient(warehouse=args.warehouse, allow_http=getattr(args, "allow_http", None) or None)
     if args.action == "create":
+        push = _push_config(args)  # checked before the warehouse is opened
+        labels = _pairs(args.label, "--label")
+        sub = _subscriber(args, _allow_http(args))
         s = sub.create_subscription(
-            name=_sub(args, args.name), topic=_topic(args, args.topic), push_config=_push_config(args),
-            ack_deadline_seconds=args.ack_deadline, labels=_labels(args.label),
+            name=_sub(args, args.name), topic=_topic(args, args.topic), push_config=push,
+            ack_deadline_seconds=args.ack_deadline, labels=labels,
         )
         print(f"created {'push' if s.push_config.is_push else 'pull'} subscription {s.name}", file=out)
     elif args.action == "list":
-        rows = [_subscription_dict(s) for s in sub.list_subscriptions(project=args.project)]
+        rows = [_subscription_dict(s) for s in _subscriber(args).list_subscriptions(project=args.project)]
         print(_table(rows, ["name", "topic", "ack_deadline_seconds", "push_endpoint"]), file=out)
     elif args.action == "get":
-        print(json.dumps(_subscription_dict(sub.get_subscription(subscription=_sub(args, args.name))), indent=2), file=out)
+        print(json.dumps(_subscription_dict(_subscriber(args).get_subscription(subscription=_sub(args, args.name))), indent=2), file=out)
     elif args.action == "update":
         name = _sub(args, args.name)
         body: dict[str, Any] = {"name": name}
@@ -110,83 +212,120 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
             body["ack_deadline_seconds"] = args.ack_deadline
             mask.append("ack_deadline_seconds")
         if args.label is not None:
-            body["labels"] = _labels(args.label)
+            body["labels"] = _pairs(args.label, "--label")
             mask.append("labels")
         if args.pull:
-            body["push_config"] = {}
-            mask.append("push_config")
-        elif args.push_endpoint is not None:
-            body["push_config"] = _push_config(args)
+            args.push_endpoint = ""  # the push options then need --push-endpoint: an error, not ignored
+        push = _push_config(args)
+        if push is not None:
+            body["push_config"] = push
             mask.append("push_config")
         if not mask:
             raise InvalidArgument("update", "nothing to change: give --ack-deadline, --label, --push-endpoint or --pull")
-        s = sub.update_subscription(subscription=body, update_mask=mask)
+        s = _subscriber(args, _allow_http(args)).update_subscription(subscription=body, update_mask=mask)
         print(f"updated {s.name}: {', '.join(mask)}", file=out)
     elif args.action == "delete":
-        sub.delete_subscription(subscription=_sub(args, args.name))
+        _subscriber(args).delete_subscription(subscription=_sub(args, args.name))
         print(f"deleted subscription {_sub(args, args.name)}", file=out)
 
 
-def _jsonl(path: str) -> Iterator[dict[str, Any]]:
-    f = sys.stdin if path == "-" else open(path, encoding="utf-8")
-    with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InvalidArgument(f"{path}:{n}", f"not valid JSON: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise InvalidArgument(f"{path}:{n}", "each line must be a JSON object")
-            unknown = set(obj) - {"data", "data_base64", "attributes", "ordering_key"}
-            if unknown:
-                raise InvalidArgument(f"{path}:{n}", f"unknown fields {sorted(unknown)}; use data or data_base64, attributes, ordering_key")
-            if "data_base64" in obj:
-                data = base64.b64decode(obj["data_base64"], validate=True)
-            else:
-                data = str(obj.get("data", "")).encode("utf-8")
-            yield {"data": data, "attributes": obj.get("attributes") or {}, "ordering_key": obj.get("ordering_key", "")}
+def _argument_messages(args: argparse.Namespace, attrs: dict[str, str]) -> list[tuple[int, bytes]]:
+    """DATA arguments as (position, bytes), each checked; errors name DATA n, --attribute or --ordering-key."""
+    from .validation import check_message
+
+    out = []
+    for i, text in enumerate(args.data, 1):
+        data = os.fsencode(text)  # the argument's own bytes, even when they are not UTF-8
+        try:
+            check_message(data, attrs, args.ordering_key, where="message")
+        except InvalidArgument as exc:
+            field = _flag(exc.field, {"message.attributes": "--attribute", "message.ordering_key": "--ordering-key",
+                                      "message.data": f"DATA {i}", "message": f"DATA {i}"})
+            raise InvalidArgument(field, exc.rule) from None
+        out.append((i, data))
+    return out
 
 
 def cmd_publish(args: argparse.Namespace, out: TextIO) -> None:
-    from . import PublisherClient
-
-    pub = PublisherClient(warehouse=args.warehouse)
+    attrs = _pairs(args.attribute, "--attribute")
     topic = _topic(args, args.topic)
-    attrs = _labels(args.attribute, "--attribute")
+    if args.file is not None and args.data:
+        raise InvalidArgument("--file", "give message data as arguments or with --file, not both")
     if args.file is None:
         if not args.data:
-            raise InvalidArgument("data", "give message data as arguments, or --file FILE.jsonl")
-        ids = pub.publish_batch(topic, [{"data": d.encode(), "attributes": attrs, "ordering_key": args.ordering_key} for d in args.data])
+            raise InvalidArgument("DATA", "give message data as arguments, or --file FILE.jsonl")
+        checked = _argument_messages(args, attrs)
+        ids = _publisher(args).publish_batch(topic, [{"data": d, "attributes": attrs, "ordering_key": args.ordering_key} for _, d in checked])
         for i in ids:
             print(i, file=out)
         return
+
     from tqdm import tqdm
 
-    # Validate every line before the first commit, so a bad line writes nothing.
-    messages = list(_jsonl(args.file))
-    for m in messages:
-        m["attributes"] = {**attrs, **m["attributes"]}
-    from .validation import check_message
+    from .jsonl import read_lines
 
-    for n, m in enumerate(messages, 1):
-        check_message(m["data"], m["attributes"], m["ordering_key"], where=f"{args.file}:{n}")
-    total = 0
-    with tqdm(total=len(messages), unit="msg", file=sys.stderr, disable=len(messages) < 10 * BATCH or args.quiet) as bar:
-        for start in range(0, len(messages), BATCH):
-            chunk = messages[start : start + BATCH]
-            total += len(pub.publish_batch(topic, chunk))
+    source = "stdin" if args.file == "-" else args.file
+    try:
+        f = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+    except OSError as exc:
+        raise InvalidArgument("--file", f"cannot read {args.file}: {exc.strerror}") from None
+    with f:
+        # Every line is checked before the first commit, so a bad line publishes nothing.
+        lines = read_lines(f, source, attributes=attrs, ordering_key=args.ordering_key)
+    pub = _publisher(args)
+    pub.get_topic(topic=topic)  # a missing warehouse or topic fails before the progress bar
+    done = 0
+    with _deferred_interrupt() as stop, tqdm(
+        total=len(lines), unit="msg", file=sys.stderr, disable=len(lines) < 10 * BATCH or args.quiet
+    ) as bar:
+        for start in range(0, len(lines), BATCH):
+            if stop.is_set():
+                break
+            chunk = lines[start : start + BATCH]
+            try:
+                pub.publish_batch(topic, [{"data": m.data, "attributes": m.attributes, "ordering_key": m.ordering_key} for m in chunk])
+            except DeltabusError as exc:
+                if not done:
+                    raise
+                raise DeltabusError(f"{_published(done, lines, source)}; then: {exc}") from None
+            done += len(chunk)
             bar.update(len(chunk))
-    print(f"published {total} messages to {topic}", file=out)
+    if done < len(lines):
+        raise _Interrupted(_published(done, lines, source))
+    print(f"published {done} messages to {topic}", file=out)
+
+
+def _published(done: int, lines: Sequence[Any], source: str) -> str:
+    through = f" (lines 1-{lines[done - 1].number} of {source})" if done else ""
+    return f"published {done} of {len(lines)} messages{through}; the rest were not published"
+
+
+@contextlib.contextmanager
+def _deferred_interrupt() -> Iterator[threading.Event]:
+    """Ctrl-C sets the event instead of interrupting, so publish stops between commits and
+    knows exactly what it committed (a KeyboardInterrupt raised just after a commit returned
+    would have been counted as not published). A second Ctrl-C interrupts at once."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cmd_pull(args: argparse.Namespace, out: TextIO) -> None:
-    from . import SubscriberClient
-
-    sub = SubscriberClient(warehouse=args.warehouse)
+    sub = _subscriber(args)
     name = _sub(args, args.subscription)
-    got = sub.pull(subscription=name, max_messages=args.max_messages, return_immediately=args.wait == 0, timeout=args.wait or None).received_messages
+    got = sub.pull(subscription=name, max_messages=args.max_messages, return_immediately=args.wait == 0, timeout=args.wait).received_messages
     for r in got:
         m = r.message
         try:
@@ -202,9 +341,7 @@ def cmd_pull(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
-    from . import SubscriberClient
-
-    sub = SubscriberClient(warehouse=args.warehouse)
+    sub = _subscriber(args)
     figures = {b.subscription: b for b in sub.refresh_backlog()}  # also what `select ... from backlog` shows
     rows = []
     for s in sub.list_subscriptions(project=args.project):
@@ -213,101 +350,184 @@ def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
             "subscription": s.name, "type": "push" if s.push_config.is_push else "pull",
             "undelivered": b.num_undelivered_messages, "outstanding": b.num_outstanding_messages,
             "expired": b.expired_ack_deadlines, "oldest_unacked_s": f"{b.oldest_unacked_message_age:.1f}",
+            "backoff_s": "" if b.backoff_seconds is None else f"{b.backoff_seconds:.1f}",
+            "backoff_reason": b.backoff_reason or "", "last_status": b.last_status or "",
         })
-    print(_table(rows, ["subscription", "type", "undelivered", "outstanding", "expired", "oldest_unacked_s"]), file=out)
+    print(_table(rows, ["subscription", "type", "undelivered", "outstanding", "expired", "oldest_unacked_s",
+                        "backoff_s", "backoff_reason", "last_status"]), file=out)
 
 
 def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
+    from .storage import check_warehouse_path, warehouse_exists
     from .storage.maintenance import maintain_warehouse
 
+    if args.retention_hours < 0:
+        raise InvalidArgument("--retention-hours", f"must be >= 0, got {args.retention_hours}")
+    if not warehouse_exists(check_warehouse_path(args.warehouse)):
+        raise WarehouseNotFound(args.warehouse)
     rows = maintain_warehouse(args.warehouse, retention_hours=args.retention_hours)
     print(_table(rows, ["table", "files_before", "files_after", "vacuumed", "compactions_skipped", "version"]), file=out)
 
 
 # -- parser ------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--warehouse", default=os.environ.get("DELTABUS_WAREHOUSE", "./warehouse"), help="warehouse path or URI (default: $DELTABUS_WAREHOUSE or ./warehouse)")
-    common.add_argument("--project", default=os.environ.get("DELTABUS_PROJECT", "local"), help="project for short names (default: $DELTABUS_PROJECT or local)")
+def _global_options(top: bool) -> argparse.ArgumentParser:
+    # Given before the command they land on the top parser; after it, on the command's. The
+    # commands' copies default to SUPPRESS so that they never overwrite what came before.
+    default = None if top else argparse.SUPPRESS
+    g = _Parser(add_help=False)
+    g.add_argument("--warehouse", default=default, metavar="PATH", help="warehouse path or URI (default: $DELTABUS_WAREHOUSE or ./warehouse)")
+    g.add_argument("--project", default=default, help="project of short names (default: $DELTABUS_PROJECT or local)")
+    return g
 
-    p = argparse.ArgumentParser(prog="deltabus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+
+PUSH_FLAGS = {
+    "push_config.push_endpoint": "--push-endpoint",
+    "push_config.oidc_token.service_account_email": "--oidc-service-account",
+    "push_config.oidc_token.audience": "--oidc-audience",
+    "push_config.no_wrapper": "--no-wrapper",
+    "push_config": "--push-endpoint",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _global_options(top=False)
+    raw = argparse.RawDescriptionHelpFormatter
+
+    p = _Parser(prog="deltabus", description=__doc__, formatter_class=raw, parents=[_global_options(top=True)])
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = cmds.add_parser("topics", help="create, list or delete topics", parents=[common])
+    def command(parent: Any, name: str, help: str, flags: Mapping[str, str] | None = None, **kw: Any) -> argparse.ArgumentParser:
+        q = parent.add_parser(name, help=help, description=help, parents=[common], formatter_class=raw, **kw)
+        q.set_defaults(flags=dict(flags or {}))
+        return q
+
+    i = command(cmds, "init", "create an empty warehouse (its tables) if there is none; the push job and 'topics create' also do")
+    i.set_defaults(func=cmd_init)
+
+    t = command(cmds, "topics", "create, list or delete topics")
     ta = t.add_subparsers(dest="action", required=True, metavar="ACTION")
-    c = ta.add_parser("create", help="create a topic", parents=[common])
-    c.add_argument("name")
+    c = command(ta, "create", "create a topic (and the warehouse, if there is none)", {"name": "TOPIC", "labels": "--label"})
+    c.add_argument("name", metavar="TOPIC")
     c.add_argument("--label", action="append", metavar="KEY=VALUE")
-    ta.add_parser("list", help="list the project's topics", parents=[common])
-    d = ta.add_parser("delete", help="delete a topic (its subscriptions keep what they hold)", parents=[common])
-    d.add_argument("name")
+    command(ta, "list", "list the project's topics")
+    d = command(ta, "delete", "delete a topic (its subscriptions keep what they hold)", {"topic": "TOPIC"})
+    d.add_argument("name", metavar="TOPIC")
     t.set_defaults(func=cmd_topics)
 
-    def push_options(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--push-endpoint", metavar="URL", help="push to this https URL (empty: pull)")
+    def push_options(q: argparse.ArgumentParser, endpoint: Any = None) -> None:
+        (endpoint or q).add_argument("--push-endpoint", metavar="URL", help="push to this https URL (empty: pull)")
         q.add_argument("--oidc-service-account", metavar="EMAIL", help="sign pushes with a JWT for this service account")
-        q.add_argument("--oidc-audience", metavar="AUD", help="the JWT audience (default: the endpoint URL)")
+        q.add_argument("--oidc-audience", metavar="AUD", help="with --oidc-service-account: the JWT audience (default: the endpoint URL)")
         q.add_argument("--no-wrapper", action="store_true", help="push the raw data as the body")
         q.add_argument("--write-metadata", action="store_true", help="with --no-wrapper: message metadata in headers")
         q.add_argument("--allow-http", action="store_true", help="allow a plain http:// endpoint (localhost, tests)")
 
-    s = cmds.add_parser("subscriptions", help="create, list, get, update or delete subscriptions", parents=[common])
+    s = command(cmds, "subscriptions", "create, list, get, update or delete subscriptions")
     sa = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    c = sa.add_parser("create", help="create a subscription", parents=[common])
-    c.add_argument("name")
+    c = command(sa, "create", "create a subscription",
+                {"name": "SUBSCRIPTION", "topic": "--topic", "ack_deadline_seconds": "--ack-deadline", "labels": "--label", **PUSH_FLAGS})
+    c.add_argument("name", metavar="SUBSCRIPTION")
     c.add_argument("--topic", required=True)
     c.add_argument("--ack-deadline", type=int, metavar="SECONDS", help="10..600 (default 10)")
     c.add_argument("--label", action="append", metavar="KEY=VALUE")
     push_options(c)
-    sa.add_parser("list", help="list the project's subscriptions", parents=[common])
-    g = sa.add_parser("get", help="show one subscription as JSON", parents=[common])
-    g.add_argument("name")
-    u = sa.add_parser("update", help="change the ack deadline, labels or push configuration", parents=[common])
-    u.add_argument("name")
-    u.add_argument("--ack-deadline", type=int, metavar="SECONDS")
+    command(sa, "list", "list the project's subscriptions")
+    g = command(sa, "get", "show one subscription as JSON", {"subscription": "SUBSCRIPTION"})
+    g.add_argument("name", metavar="SUBSCRIPTION")
+    u = command(sa, "update", "change the ack deadline, labels or push configuration",
+                {"subscription.name": "SUBSCRIPTION", "subscription.ack_deadline_seconds": "--ack-deadline",
+                 "subscription.labels": "--label", **PUSH_FLAGS})
+    u.add_argument("name", metavar="SUBSCRIPTION")
+    u.add_argument("--ack-deadline", type=int, metavar="SECONDS", help="10..600")
     u.add_argument("--label", action="append", metavar="KEY=VALUE", help="replace the labels")
-    u.add_argument("--pull", action="store_true", help="turn into a pull subscription")
-    push_options(u)
-    d = sa.add_parser("delete", help="delete a subscription and its messages", parents=[common])
-    d.add_argument("name")
+    mode = u.add_mutually_exclusive_group()
+    mode.add_argument("--pull", action="store_true", help="turn into a pull subscription")
+    push_options(u, endpoint=mode)
+    d = command(sa, "delete", "delete a subscription and its messages", {"subscription": "SUBSCRIPTION"})
+    d.add_argument("name", metavar="SUBSCRIPTION")
     s.set_defaults(func=cmd_subscriptions)
 
-    pb = cmds.add_parser("publish", help="publish messages from arguments or a JSON-lines file", parents=[common])
-    pb.add_argument("topic")
-    pb.add_argument("data", nargs="*", help="message data (UTF-8 text), one message each")
-    pb.add_argument("--file", metavar="FILE", help='JSON lines: {"data": "text" | "data_base64": "...", "attributes": {...}, "ordering_key": "..."}; - for stdin')
-    pb.add_argument("--attribute", action="append", metavar="KEY=VALUE", help="an attribute for every message")
-    pb.add_argument("--ordering-key", default="")
+    pb = command(cmds, "publish", "publish messages from arguments or a JSON-lines file", {"topic": "TOPIC"}, epilog=JSONL_HELP)
+    pb.add_argument("topic", metavar="TOPIC")
+    pb.add_argument("data", nargs="*", metavar="DATA", help="message data (text), one message each")
+    pb.add_argument("--file", metavar="FILE", help="JSON lines, one message each (see below); - for stdin")
+    pb.add_argument("--attribute", action="append", metavar="KEY=VALUE", help="an attribute of every message")
+    pb.add_argument("--ordering-key", default="", metavar="KEY", help="the ordering key of every message")
     pb.add_argument("--quiet", action="store_true", help="no progress bar")
     pb.set_defaults(func=cmd_publish)
 
-    pl = cmds.add_parser("pull", help="pull messages (JSON lines on stdout)", parents=[common])
-    pl.add_argument("subscription")
-    pl.add_argument("--max-messages", type=int, default=10)
+    pl = command(cmds, "pull", "pull messages (JSON lines on stdout)",
+                 {"subscription": "SUBSCRIPTION", "max_messages": "--max-messages", "timeout": "--wait"})
+    pl.add_argument("subscription", metavar="SUBSCRIPTION")
+    pl.add_argument("--max-messages", type=int, default=10, metavar="N", help="1..10000 (default 10)")
     pl.add_argument("--ack", action="store_true", help="acknowledge what was pulled")
-    pl.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait this long for a message (default: return at once)")
+    pl.add_argument("--wait", type=_seconds, default=0, metavar="SECONDS", help="wait this long for a message (default: return at once)")
     pl.set_defaults(func=cmd_pull)
 
-    b = cmds.add_parser("backlog", help="each subscription's backlog as a table (and rewrite the backlog table)", parents=[common])
+    b = command(cmds, "backlog", "each subscription's backlog as a table (and rewrite the backlog table)")
     b.set_defaults(func=cmd_backlog)
 
-    m = cmds.add_parser("maintenance", help="compact small files, checkpoint and vacuum every table", parents=[common])
-    m.add_argument("--retention-hours", type=int, default=168,
+    m = command(cmds, "maintenance", "compact small files, checkpoint and vacuum every table")
+    m.add_argument("--retention-hours", type=int, default=168, metavar="HOURS",
                    help="vacuum files no version of the last N hours needs (default 168 = 7 days, the change feed's horizon)")
     m.set_defaults(func=cmd_maintenance)
     return p
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _resolve_globals(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """The settings of the global options, resolved once: flag, then environment, then default."""
+    if args.warehouse is not None:
+        args.warehouse_source = "--warehouse"
+    elif environ.get("DELTABUS_WAREHOUSE"):
+        args.warehouse, args.warehouse_source = environ["DELTABUS_WAREHOUSE"], "$DELTABUS_WAREHOUSE"
+    else:
+        args.warehouse, args.warehouse_source = "./warehouse", "--warehouse"
+    if args.project is not None:
+        args.project_source = "--project"
+    else:
+        args.project = environ.get("DELTABUS_PROJECT") or "local"
+        args.project_source = "$DELTABUS_PROJECT" if environ.get("DELTABUS_PROJECT") else "--project"
+
+
+def _fail(message: str) -> int:
+    print(f"deltabus: error: {' '.join(message.split())}", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None, environ: Mapping[str, str] | None = None) -> int:
+    parser = build_parser()
     try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and getattr(args, "func", None) is cmd_publish and not any(a.startswith("-") for a in extra):
+            args.data += extra  # DATA after an option: `publish T --attribute k=v hello` (argparse stops at the option)
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except UsageError as exc:
+        return _fail(f"{exc.message} (see '{exc.prog} --help')")
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    _resolve_globals(args, os.environ if environ is None else environ)
+    flags = {"warehouse": args.warehouse_source, "project": args.project_source, **args.flags}
+    try:
+        from . import names
+
+        names.parse_project(args.project)
         args.func(args, out or sys.stdout)
+    except WarehouseNotFound as exc:
+        return _fail(f"no warehouse at {exc.name} (from {args.warehouse_source}); "
+                     "create one with 'deltabus init' or 'deltabus topics create'")
+    except InvalidArgument as exc:
+        return _fail(f"{_flag(exc.field, flags)}: {exc.rule}")
     except DeltabusError as exc:
-        print(f"deltabus: error: {exc}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"deltabus: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(str(exc))
+    except _Interrupted as exc:
+        print(f"deltabus: interrupted: {exc}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print("deltabus: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except OSError as exc:
+        return _fail(f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}")
     return 0
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from deltabus import SubscriberClient
+from deltabus import SubscriberClient, cli
 from tests.conftest import table_versions
 
 SCRIPT = Path(sys.executable).with_name("deltabus")
@@ -77,8 +82,8 @@ def test_publish_pull_ack_and_backlog(warehouse, tmp_path):
     [
         (["subscriptions", "create", "s-1", "--topic", "missing"], "topic not found"),
         (["topics", "create", "x"], "must match"),
-        (["subscriptions", "create", "s-2", "--topic", "events", "--ack-deadline", "5"], "ack_deadline_seconds"),
-        (["subscriptions", "create", "s-3", "--topic", "events", "--push-endpoint", "http://127.0.0.1:1/p"], "https"),
+        (["subscriptions", "create", "s-2", "--topic", "events", "--ack-deadline", "5"], "--ack-deadline: must be between 10 and 600"),
+        (["subscriptions", "create", "s-3", "--topic", "events", "--push-endpoint", "http://127.0.0.1:1/p"], "https; add --allow-http"),
         (["publish", "events"], "give message data"),
         (["pull", "nothing-here"], "subscription not found"),
     ],
@@ -100,3 +105,205 @@ def test_bad_jsonl_line_publishes_nothing(warehouse, tmp_path):
     p = run(warehouse, "publish", "events", "--file", str(f), ok=False)
     assert p.returncode == 1 and f"{f}:2" in p.stderr
     assert table_versions(warehouse) == before
+
+
+# -- in-process runs (the same main() the console script calls) -----------------------------
+def deltabus(capsys, warehouse, *argv, code=0):
+    """Run the CLI in this process; return (stdout, stderr) after checking its exit code."""
+    got = cli.main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli"})
+    cap = capsys.readouterr()
+    assert got == code, cap.err
+    if code:
+        assert cap.err.count("\n") == 1 and cap.err.startswith("deltabus: error: "), cap.err
+    return cap.out, cap.err
+
+
+def test_global_options_before_the_command_are_used(tmp_path):
+    """`deltabus --warehouse W topics list` ran against ./warehouse."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DELTABUS_WAREHOUSE", "DELTABUS_PROJECT")}
+    w = str(tmp_path / "w")
+    run_ = lambda *a: subprocess.run([str(SCRIPT), *a], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert run_("--warehouse", w, "--project", "p1", "topics", "create", "orders").returncode == 0
+    assert "projects/p1/topics/orders" in run_("--warehouse", w, "--project", "p1", "topics", "list").stdout
+    assert "projects/p1/topics/orders" in run_("topics", "list", "--project", "p1", "--warehouse", w).stdout
+    assert "projects/p1/topics/orders" not in run_("--warehouse", w, "topics", "list").stdout  # project "local"
+    assert not (tmp_path / "warehouse").exists()
+
+
+READS = [
+    ["topics", "list"], ["topics", "delete", "orders"],
+    ["subscriptions", "list"], ["subscriptions", "get", "orders-sub"], ["subscriptions", "delete", "orders-sub"],
+    ["subscriptions", "update", "orders-sub", "--ack-deadline", "20"],
+    ["subscriptions", "create", "orders-sub", "--topic", "orders"],
+    ["publish", "orders", "hello"], ["pull", "orders-sub"], ["backlog"], ["maintenance"],
+]
+
+
+@pytest.mark.parametrize("argv", READS, ids=lambda a: " ".join(a[:2]))
+def test_a_mistyped_warehouse_is_no_warehouse_and_creates_nothing(capsys, tmp_path, argv):
+    typo = str(tmp_path / "wharehouse")
+    _, err = deltabus(capsys, typo, *argv, code=1)
+    assert f"no warehouse at {typo}" in err and "deltabus init" in err
+    assert not os.path.exists(typo)
+
+
+def test_publish_file_on_a_missing_warehouse_creates_nothing(capsys, tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_text('{"data": "x"}\n')
+    typo = str(tmp_path / "typo")
+    _, err = deltabus(capsys, typo, "publish", "orders", "--file", str(f), code=1)
+    assert f"no warehouse at {typo}" in err and not os.path.exists(typo)
+
+
+def test_init_and_topics_create_make_the_warehouse(capsys, tmp_path):
+    w = str(tmp_path / "a")
+    out, _ = deltabus(capsys, w, "init")
+    assert "created warehouse at" in out and set(table_versions(w)) >= {"topics", "messages"}
+    assert "warehouse already at" in deltabus(capsys, w, "init")[0]
+    w2 = str(tmp_path / "b")
+    deltabus(capsys, w2, "topics", "create", "orders")
+    assert "projects/cli/topics/orders" in deltabus(capsys, w2, "topics", "list")[0]
+    deltabus(capsys, str(tmp_path / "c"), "topics", "create", "x", code=1)  # a bad name creates nothing
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("argv", [["topics", "list"], ["topics", "create", "orders"], ["init"], ["maintenance"]])
+def test_a_warehouse_that_is_a_file_is_one_line_naming_the_flag(capsys, tmp_path, argv):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    for path in (str(f), str(f / "under")):
+        _, err = deltabus(capsys, path, *argv, code=1)
+        assert err.startswith("deltabus: error: --warehouse: must be a directory") and str(f) in err and "Errno" not in err
+    assert f.read_text() == "x"
+
+
+@pytest.fixture
+def events(capsys, warehouse):
+    deltabus(capsys, warehouse, "topics", "create", "events")
+    deltabus(capsys, warehouse, "subscriptions", "create", "events-sub", "--topic", "events")
+    return warehouse
+
+
+def pull_all(capsys, warehouse):
+    out, _ = deltabus(capsys, warehouse, "pull", "events-sub", "--max-messages", "100", "--ack")
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_publish_file_stores_objects_as_compact_json_and_text_as_is(capsys, events, tmp_path):
+    f = tmp_path / "e.jsonl"
+    f.write_text("\n".join([
+        json.dumps({"data": {"order": 1, "items": ["é"]}}),
+        json.dumps({"data": [1, 2]}),
+        json.dumps({"data": "plain", "attributes": {"k": "v"}, "ordering_key": "o"}),
+        json.dumps({"data_base64": base64.b64encode(b"\xff\x00").decode()}),
+    ]) + "\n", encoding="utf-8")
+    out, _ = deltabus(capsys, events, "publish", "events", "--file", str(f), "--attribute", "src=cli")
+    assert "published 4 messages" in out
+    got = pull_all(capsys, events)
+    assert [m.get("data", m.get("data_base64")) for m in got] == ['{"order":1,"items":["é"]}', "[1,2]", "plain", "/wA="]
+    assert got[2]["attributes"] == {"src": "cli", "k": "v"} and got[2]["ordering_key"] == "o"
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ('{"data": {"order": 1}, "attributes": ["a", "b"]}', ":3: attributes: must be an object of string values"),
+        ('{"data": "x", "attributes": {"n": 1}}', ":3: attributes: must be an object of string values"),
+        ('{"data": null}', ":3: data: must be a string, or an object or array"),
+        ('{"data": 42}', ":3: data: must be a string, or an object or array"),
+        ('{"data_base64": "%%%"}', ":3: data_base64: must be standard base64"),
+        ('{"data": "x", "colour": "red"}', ":3: colour: unknown field"),
+        ('{"data": "x",', ":3: not valid JSON"),
+    ],
+)
+def test_any_bad_line_is_named_and_publishes_nothing(capsys, events, tmp_path, bad, words):
+    f = tmp_path / "events.jsonl"
+    f.write_text('{"data": "fine"}\n\n' + bad + '\n{"data": "after"}\n')
+    before = table_versions(events)
+    _, err = deltabus(capsys, events, "publish", "events", "--file", str(f), code=1)
+    assert f"{f}{words}" in err and "Traceback" not in err
+    assert table_versions(events) == before
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--push-endpoint", "https://exa mple.com/push"], "--push-endpoint: must not contain whitespace"),
+        (["--push-endpoint", "https://example.com:99999/push"], "--push-endpoint: the port must be a number 1..65535"),
+        (["--push-endpoint", "https://u:secret@example.com/push"], "--push-endpoint: must not carry user:password@"),
+        (["--push-endpoint", "https://example.com/push", "--write-metadata"], "--write-metadata: needs --no-wrapper"),
+        (["--push-endpoint", "https://example.com/push", "--oidc-audience", "a"], "--oidc-audience: needs --oidc-service-account"),
+        (["--no-wrapper"], "--no-wrapper: needs --push-endpoint"),
+        (["--push-endpoint", "http://127.0.0.1:9/push"], "--push-endpoint: must be https; add --allow-http"),
+        (["--ack-deadline", "5"], "--ack-deadline: must be between 10 and 600"),
+        (["--label", "team"], "--label: expected KEY=VALUE"),
+        (["--label", "Team=x"], "--label 'Team': keys are"),
+    ],
+)
+def test_bad_subscription_flags_name_the_flag_and_write_nothing(capsys, events, argv, words):
+    before = table_versions(events)
+    for cmd in (["create", "new-sub", "--topic", "events"], ["update", "events-sub"]):
+        _, err = deltabus(capsys, events, "subscriptions", *cmd, *argv, code=1)
+        assert words in err and "secret" not in err
+    assert table_versions(events) == before
+
+
+def test_allow_http_flag_and_pull_with_push_options(capsys, events):
+    deltabus(capsys, events, "subscriptions", "create", "local-push", "--topic", "events", "--push-endpoint", "http://127.0.0.1:9/p", "--allow-http")
+    deltabus(capsys, events, "subscriptions", "update", "local-push", "--push-endpoint", "http://127.0.0.1:8/p", "--allow-http")
+    assert json.loads(deltabus(capsys, events, "subscriptions", "get", "local-push")[0])["push_endpoint"] == "http://127.0.0.1:8/p"
+    _, err = deltabus(capsys, events, "subscriptions", "update", "local-push", "--pull", "--no-wrapper", code=1)
+    assert "--no-wrapper: needs --push-endpoint" in err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["pull", "events-sub", "--max-messages", "0"], "--max-messages: must be an integer 1..10000"),
+        (["pull", "missing-sub"], "subscription not found: projects/cli/subscriptions/missing-sub"),
+        (["publish", "events", "--attribute", "k"], "--attribute: expected KEY=VALUE"),
+        (["publish", "events", "x", "--attribute", "googk=v"], "--attribute 'googk': keys starting with 'goog' are reserved"),
+        (["publish", "events", ""], "DATA 1: a message needs non-empty data or at least one attribute"),
+        (["publish", "events", "x", "--file", "-"], "--file: give message data as arguments or with --file, not both"),
+        (["publish", "events", "--file", "/nonexistent/e.jsonl"], "--file: cannot read /nonexistent/e.jsonl: No such file"),
+        (["maintenance", "--retention-hours", "-1"], "--retention-hours: must be >= 0"),
+        (["--project", "9x", "topics", "list"], "--project: project id '9x' must match"),
+        (["subscriptions", "update", "events-sub"], "nothing to change"),
+    ],
+)
+def test_other_commands_name_the_bad_argument(capsys, events, argv, words):
+    before = table_versions(events)
+    _, err = deltabus(capsys, events, *argv, code=1)
+    assert words in err
+    assert table_versions(events) == before
+
+
+def test_data_given_after_options(capsys, events):
+    deltabus(capsys, events, "publish", "events", "one", "--attribute", "k=v", "two")
+    assert [(m["data"], m["attributes"]) for m in pull_all(capsys, events)] == [("one", {"k": "v"}), ("two", {"k": "v"})]
+
+
+def test_ctrl_c_during_publish_stops_between_commits_and_says_what_was_published(warehouse, tmp_path):
+    run(warehouse, "topics", "create", "events")
+    run(warehouse, "subscriptions", "create", "events-sub", "--topic", "events")
+    total = 100_000
+    f = tmp_path / "big.jsonl"
+    f.write_text("".join(f'{{"data": "m{i}"}}\n' for i in range(total)))
+    env = {**os.environ, "DELTABUS_WAREHOUSE": warehouse, "DELTABUS_PROJECT": "cli"}
+    p = subprocess.Popen([str(SCRIPT), "publish", "events", "--file", str(f)], stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    err = bytearray()
+    reader = threading.Thread(target=lambda: [err.extend(c) for c in iter(lambda: p.stderr.read1(4096), b"")], daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not re.search(rb"[1-9]\d*/100000", bytes(err)) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=60) == 130
+    reader.join(timeout=10)
+    last = bytes(err).decode().replace("\r", "\n").strip().splitlines()[-1]
+    m = re.fullmatch(rf"deltabus: interrupted: published (\d+) of {total} messages \(lines 1-(\d+) of {re.escape(str(f))}\); the rest were not published", last)
+    assert m, last
+    done = int(m.group(1))
+    assert 0 < done < total and done % 1000 == 0 and int(m.group(2)) == done
+    sub = SubscriberClient(warehouse=warehouse)
+    assert sub.get_backlog("projects/cli/subscriptions/events-sub").num_unacked_messages == done  # exactly what it said
