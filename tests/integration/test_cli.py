@@ -30,7 +30,7 @@ def run(warehouse, *args, input=None, ok=True):
 
 
 def test_help_everywhere(warehouse):
-    for args in ([], ["topics"], ["topics", "create"], ["subscriptions"], ["subscriptions", "update"], ["publish"], ["pull"], ["backlog"], ["maintenance"]):
+    for args in ([], ["init"], ["topics"], ["topics", "create"], ["subscriptions"], ["subscriptions", "update"], ["publish"], ["pull"], ["backlog"], ["maintenance"]):
         p = run(warehouse, *args, "--help")
         assert "usage: deltabus" in p.stdout
 
