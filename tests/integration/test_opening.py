@@ -34,7 +34,7 @@ def test_a_client_made_before_the_warehouse_opens_it_once_it_exists(tmp_path):
     with pytest.raises(WarehouseNotFound):
         sub.list_subscriptions(project="local")
     PublisherClient(warehouse=wh).create_topic(name="projects/local/topics/orders")
-    assert sub.list_subscriptions(project="local") == []
+    assert list(sub.list_subscriptions(project="local")) == []
 
 
 def test_publisher_without_create_warehouse_creates_only_on_create_topic(tmp_path):
