@@ -29,6 +29,10 @@ class BacklogStats:
     nacked: int | None = None  # nacks, errors and timeouts
     push_window: int | None = None
     backoff_seconds: float | None = None
+    backoff_until: dt.datetime | None = None  # pushes held until then (null when not in backoff)
+    backoff_reason: str | None = None  # the backoff's main cause: "http 503", "timeout", "connection refused", ...
+    last_status: str | None = None  # the latest push outcome: "http 204", "http 503", "timeout", ...
+    last_error: str | None = None  # the latest failure, kept after recovery
 
     @property
     def num_unacked_messages(self) -> int:
@@ -90,7 +94,10 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
     )
 
 
-PUSH_FIELDS = ("delivered", "acked", "nacked", "push_window", "backoff_seconds")
+PUSH_FIELDS = (
+    "delivered", "acked", "nacked", "push_window", "backoff_seconds",
+    "backoff_until", "backoff_reason", "last_status", "last_error",
+)
 
 
 def keep_push_fields(engine: Engine, stats: Iterable[BacklogStats]) -> list[BacklogStats]:

@@ -72,6 +72,16 @@ class PushBackoff:
         total, nacks = self.counts()
         return nacks / total if total else 0.0
 
+    def settled(self, now: float) -> "PushBackoff":
+        """For a subscription with nothing in flight (so no round will come): once its pause is
+        over and the last WINDOW_SECONDS held no nack, its backoff is over. Without this, an
+        endpoint that recovered just as its backlog ran out would stay in backoff, idle."""
+        if not self.active or now < self.paused_until:
+            return self
+        if any(n for at, _, n in self.recent if at > now - WINDOW_SECONDS):
+            return self
+        return PushBackoff(paused_until=self.paused_until)
+
     def after_round(
         self, acks: int, nacks: int, now: float, rand: float, last_push: float | None = None
     ) -> "PushBackoff":

@@ -25,6 +25,7 @@ again on purpose and no unacked message is lost.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import random
@@ -47,7 +48,7 @@ from . import plan
 from .auth import SigningKey, TokenSource
 from .pool import PushPool
 from .sender import REQUEST_SCHEMA
-from .state import Round, SubState
+from .state import Round, SubState, reason_of, safe_endpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -98,6 +99,25 @@ BACKLOG_DUTY = 10.0  # refresh at most every 10x the last refresh's duration
 
 # When the job stops, pushes already handed to workers get this long past their deadline to report.
 DRAIN_GRACE = 5.0
+
+
+def _reasons(failed: pa.Table) -> tuple[tuple[str, int], ...]:
+    """Failure reason -> count over a subscription's failed outcomes (RESULT_SCHEMA rows)."""
+    if failed.num_rows == 0:
+        return ()
+    counts: dict[str, int] = {}
+    grouped = failed.group_by(["outcome", "status", "error"]).aggregate([("message_id", "count")])
+    for outcome, status, error, n in zip(*(grouped[c].to_pylist() for c in ("outcome", "status", "error", "message_id_count"))):
+        reason = reason_of(outcome, status, error)
+        counts[reason] = counts.get(reason, 0) + n
+    return tuple(counts.items())
+
+
+def _last_status(rows: pa.Table) -> str | None:
+    if rows.num_rows == 0:
+        return None
+    i = rows.num_rows - 1
+    return reason_of(rows["outcome"][i].as_py(), rows["status"][i].as_py(), rows["error"][i].as_py())
 
 
 def endpoint_allowed(sub: SubscriptionRecord, allow_http: bool) -> bool:
@@ -156,8 +176,11 @@ class DeliveryJob:
             uid = subs.get(r["subscription"])
             if uid is None or r.get("delivered") is None:
                 continue
+            until = r.get("backoff_until")
             self._states[uid] = SubState().restored(
-                r["delivered"] or 0, r["acked"] or 0, r["nacked"] or 0, r["push_window"] or 3, r["backoff_seconds"] or 0.0
+                r["delivered"] or 0, r["acked"] or 0, r["nacked"] or 0, r["push_window"] or 3, r["backoff_seconds"] or 0.0,
+                backoff_until=until.timestamp() if until is not None else 0.0,
+                last_status=r.get("last_status"), last_error=r.get("last_error"),
             )
 
     def state(self, sub_uid: str) -> SubState:
@@ -211,14 +234,36 @@ class DeliveryJob:
         result: dict[str, tuple[pa.Table, pa.Table]] = {}
         for uid in pc.unique(outcomes["sub_uid"]).to_pylist():
             rows = outcomes.filter(pc.equal(outcomes["sub_uid"], uid))
-            self.state(uid).in_flight.difference_update(rows["message_id"].to_pylist())
+            st = self.state(uid)
+            st.in_flight.difference_update(rows["message_id"].to_pylist())
             is_ack = pc.equal(rows["outcome"], "ack")
             acks = rows.filter(is_ack).select(["message_id", "delivery_attempt"])
-            nacks = rows.filter(pc.invert(is_ack)).select(["message_id", "delivery_attempt"])
+            failed = rows.filter(pc.invert(is_ack))
+            nacks = failed.select(["message_id", "delivery_attempt"])
             latency = pc.sum(rows["latency_seconds"]).as_py() or 0.0
-            self.state(uid).apply(Round(acks.num_rows, nacks.num_rows, latency), now, self._rand())
+            line = st.apply(Round(acks.num_rows, nacks.num_rows, latency, _reasons(failed), _last_status(rows)), now, self._rand())
+            self._log_backoff(uid, line)
             result[uid] = (acks, nacks)
         return result
+
+    def _log_backoff(self, uid: str, line: str | None, records: Mapping[str, SubscriptionRecord] | None = None) -> None:
+        """One line about a subscription's backoff: its name and endpoint (scheme://host:port/path
+        only: a query may hold a secret), the delay, nack counts and top failure reasons."""
+        if line is None:
+            return
+        recs = records if records is not None else {r.sub_uid: r for r in self.registry.subscriptions().values()}
+        rec = recs.get(uid)
+        if rec is None:
+            return
+        where = f"push to {rec.name} ({safe_endpoint(rec.push_config.push_endpoint)})"
+        (log.info if line.startswith("recovered") else log.warning)("%s: %s", where, line)
+
+    def _settle_backoffs(self, subs: Mapping[str, SubscriptionRecord]) -> None:
+        now = self._clock()
+        for uid in subs:
+            st = self._states.get(uid)
+            if st is not None:
+                self._log_backoff(uid, st.settle(now), subs)
 
     # -- the micro-batch --------------------------------------------------------------
     def on_batch(self, df: "DataFrame", batch_id: int) -> None:
@@ -309,6 +354,7 @@ class DeliveryJob:
         result = self.engine.transact(DELIVERIES.name, attempt, what=f"push batch {batch_id}")
         report.fanned_out = result.fanned_out
         report.delivered = self._launch(subs, result.leases, result.leased_at)
+        self._settle_backoffs(subs)
         quiet = (self._pool is None or self._pool.outstanding() == 0) and report.delivered == 0 and not outcomes and not result.fanned_out
         # Idleness is only ever judged on a backlog computed in this very batch.
         self._maybe_write_backlog(subs, force=batch_id is None or (quiet and self.until_idle))
@@ -384,6 +430,7 @@ class DeliveryJob:
                 self._pool = PushPool(self.spark, workers=self.settings.delivery_partitions)
             st = self.state(uid)
             st.in_flight.update(table["message_id"].to_pylist())
+            st.last_push = leased_at
             st.delivered += table.num_rows
             sent += table.num_rows
             self._pool.submit(uid, table)
@@ -410,6 +457,9 @@ class DeliveryJob:
                 b = replace(
                     b, delivered=st.delivered, acked=st.acked, nacked=st.nacked,
                     push_window=st.window.limit, backoff_seconds=st.backoff.delay,
+                    backoff_until=(dt.datetime.fromtimestamp(st.backoff.paused_until, tz=dt.timezone.utc)
+                                   if st.backoff.active and st.backoff.paused_until > 0 else None),
+                    backoff_reason=st.backoff_reason, last_status=st.last_status, last_error=st.last_error,
                 )
             if rec.sub_uid in push:
                 total += b.num_unacked_messages

@@ -303,6 +303,7 @@ class DeltaRsEngine:
         for spec in BY_NAME.values():
             uri = self.table_uri(spec.name)
             if DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
+                self._add_missing_columns(uri, spec)
                 continue
             try:
                 DeltaTable.create(
@@ -317,6 +318,23 @@ class DeltaRsEngine:
             except Exception:
                 # Another process may have created it between our check and create.
                 if not DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
+                    raise
+
+    def _add_missing_columns(self, uri: str, spec: TableSpec) -> None:
+        """Columns added to a table's spec since the warehouse was created (always nullable,
+        at the end) are added to the table; old rows read them as null."""
+        from deltalake.schema import Field
+
+        dt = DeltaTable(uri, storage_options=self._storage_options)
+        have = {f.name for f in dt.schema().fields}
+        missing = [f for f in spec.schema if f.name not in have]
+        if missing:
+            try:
+                dt.alter.add_columns([Field.from_arrow(f) for f in missing])
+            except Exception:
+                # Another process may have added them first.
+                have = {f.name for f in DeltaTable(uri, storage_options=self._storage_options).schema().fields}
+                if any(f.name not in have for f in missing):
                     raise
 
     def _handle(self, table: str) -> DeltaTable:

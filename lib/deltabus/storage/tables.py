@@ -137,6 +137,13 @@ BACKLOG = TableSpec(
             pa.field("push_window", pa.int64()),
             pa.field("backoff_seconds", pa.float64()),
             pa.field("updated_at", TS),
+            # Added later, so at the end (ensure_tables adds them to older warehouses). Push only:
+            # until when the backoff holds pushes, its main cause ("http 503", "timeout",
+            # "connection refused", "expired", ...), the latest outcome and the latest failure.
+            pa.field("backoff_until", TS),
+            pa.field("backoff_reason", pa.string()),
+            pa.field("last_status", pa.string()),
+            pa.field("last_error", pa.string()),
         ]
     ),
 )
