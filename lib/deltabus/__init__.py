@@ -1,7 +1,7 @@
 """deltabus: Pub/Sub's topics, subscriptions, push and pull delivery, on Delta tables and Spark."""
 
 from . import types
-from .errors import AlreadyExists, Aborted, Cancelled, DeltabusError, FailedPrecondition, InvalidArgument, NotFound
+from .errors import AlreadyExists, Aborted, Cancelled, ClientClosed, DeltabusError, FailedPrecondition, InvalidArgument, NotFound, OrderingNotEnabled
 from .publisher import PublisherClient
 from .subscriber import SubscriberClient
 
@@ -18,4 +18,6 @@ __all__ = [
     "FailedPrecondition",
     "Aborted",
     "Cancelled",
+    "ClientClosed",
+    "OrderingNotEnabled",
 ]

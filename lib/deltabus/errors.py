@@ -56,3 +56,19 @@ class Aborted(DeltabusError):
 
 class Cancelled(DeltabusError):
     """The operation was cancelled (for example a publish on a closed client)."""
+
+
+class ClientClosed(Cancelled, RuntimeError):
+    """A call on a client after ``close()``, or a publish after ``stop()``: make a new client.
+
+    Also a ``RuntimeError``, as google-cloud-pubsub's "Cannot publish on a stopped publisher".
+    """
+
+
+class OrderingNotEnabled(DeltabusError, ValueError, RuntimeError):
+    """``publish(..., ordering_key=...)`` on a publisher without message ordering enabled.
+
+    google-cloud-pubsub's Python client raises ValueError here (its Java client an
+    IllegalStateException): this is both a ValueError and a RuntimeError, so code written
+    against either catches it.
+    """

@@ -21,6 +21,10 @@ __all__ = [
     "NoWrapper",
     "FlowControl",
     "BatchSettings",
+    "PublisherOptions",
+    "ListTopicsResponse",
+    "ListSubscriptionsResponse",
+    "ListTopicSubscriptionsResponse",
 ]
 
 MIN_ACK_DEADLINE = 10
@@ -262,3 +266,44 @@ class BatchSettings:
             raise InvalidArgument("batch_settings.max_messages", f"must be an integer 1..100000, got {self.max_messages!r}")
         if not isinstance(self.max_latency, (int, float)) or self.max_latency < 0:
             raise InvalidArgument("batch_settings.max_latency", f"must be a number of seconds >= 0, got {self.max_latency!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherOptions:
+    """PublisherClient options, as google-cloud-pubsub's ``types.PublisherOptions``.
+
+    ``enable_message_ordering``: ``publish()`` accepts an ``ordering_key`` only with it, as
+    Pub/Sub's client (which then publishes each key's messages in sequence).
+    """
+
+    enable_message_ordering: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable_message_ordering, bool):
+            raise InvalidArgument(
+                "publisher_options.enable_message_ordering", f"must be a boolean, got {self.enable_message_ordering!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ListTopicsResponse:
+    """One page of ``list_topics``; an empty ``next_page_token`` means the last page."""
+
+    topics: list[Topic] = field(default_factory=list)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ListSubscriptionsResponse:
+    """One page of ``list_subscriptions``."""
+
+    subscriptions: list[Subscription] = field(default_factory=list)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ListTopicSubscriptionsResponse:
+    """One page of ``list_topic_subscriptions``: subscription names."""
+
+    subscriptions: list[str] = field(default_factory=list)
+    next_page_token: str = ""

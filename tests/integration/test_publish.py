@@ -124,3 +124,35 @@ def test_concurrent_publishers_never_conflict(tmp_path, topic, warehouse):
         t.join()
     assert errors == []
     assert messages_table(warehouse).num_rows == 12000
+
+
+def test_ordering_key_needs_message_ordering_enabled(warehouse, topic, sub, subscription):
+    from deltabus import OrderingNotEnabled
+    from deltabus.types import PublisherOptions
+
+    plain = PublisherClient(warehouse=warehouse)
+    before = table_versions(warehouse)
+    with pytest.raises(OrderingNotEnabled, match="ordering key.*not enabled") as e:
+        plain.publish(topic, b"x", ordering_key="k")
+    # google-cloud-pubsub raises ValueError here; RuntimeError catches it as well.
+    assert isinstance(e.value, ValueError) and isinstance(e.value, RuntimeError)
+    plain.stop()
+    assert table_versions(warehouse) == before
+
+    # publish_batch is Pub/Sub's Publish RPC: one commit, so ordering keys need no option.
+    plain2 = PublisherClient(warehouse=warehouse)
+    plain2.publish_batch(topic, [{"data": b"a", "ordering_key": "k"}])
+    plain2.stop()
+
+    ordered = PublisherClient(warehouse=warehouse, publisher_options=PublisherOptions(enable_message_ordering=True))
+    ordered.publish(topic, b"b", ordering_key="k").result(timeout=30)
+    ordered.stop()
+    got = sub.pull(subscription=subscription, max_messages=5, return_immediately=True).received_messages
+    assert sorted((r.message.data, r.message.ordering_key) for r in got) == [(b"a", "k"), (b"b", "k")]
+
+    as_tuple = PublisherClient(warehouse=warehouse, publisher_options=(True,))  # google-cloud-pubsub takes a tuple too
+    assert as_tuple.publisher_options.enable_message_ordering is True
+    as_tuple.stop()
+    with pytest.raises(InvalidArgument) as bad:
+        PublisherOptions(enable_message_ordering="yes")
+    assert bad.value.field == "publisher_options.enable_message_ordering"

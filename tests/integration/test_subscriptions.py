@@ -25,7 +25,7 @@ def test_create_get_list(sub: SubscriberClient, topic):
     )
     assert got.ack_deadline_seconds == 60
     assert [s.name for s in sub.list_subscriptions(project="local")] == [a, b]
-    assert sub.list_subscriptions(project="other") == []
+    assert list(sub.list_subscriptions(project="other")) == []
 
 
 def test_update_subscription_and_modify_push_config(sub, topic, subscription):

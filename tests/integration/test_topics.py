@@ -69,7 +69,7 @@ def test_recreated_topic_is_a_new_topic(pub, sub, topic):
     assert sub.get_subscription(subscription=old).topic == "_deleted-topic_"
     got = sub.pull(subscription=old, max_messages=10, return_immediately=True).received_messages
     assert [r.message.data for r in got] == [b"before delete"]
-    assert pub.list_topic_subscriptions(topic=topic) == []
+    assert list(pub.list_topic_subscriptions(topic=topic)) == []
 
 
 def test_racing_creates_of_one_name_yield_one_topic(warehouse):

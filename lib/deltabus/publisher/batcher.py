@@ -8,7 +8,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
-from ..errors import Cancelled
+from ..errors import ClientClosed
 from ..publishing import OutgoingMessage
 from ..types import BatchSettings
 
@@ -46,7 +46,7 @@ class Batcher:
         fut: Future[str] = Future()
         with self._cond:
             if self._closed:
-                raise Cancelled("publish on a closed PublisherClient")
+                raise ClientClosed("PublisherClient.publish(): cannot publish on a stopped publisher; create a new one")
             batch = self._open.get(topic)
             if batch is not None and (
                 len(batch.messages) + 1 > self._settings.max_messages or batch.nbytes + message.size > self._settings.max_bytes

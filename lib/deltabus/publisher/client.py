@@ -6,12 +6,22 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from .. import names
+from .. import names, pagination
+from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._requests import fields, required
-from ..errors import Cancelled, InvalidArgument
+from ..errors import ClientClosed, InvalidArgument, OrderingNotEnabled
+from ..pagers import ListTopicsPager, ListTopicSubscriptionsPager
 from ..publishing import OutgoingMessage, append, build_rows, from_arrow
-from ..types import BatchSettings, PubsubMessage, Topic, validate_labels
+from ..types import (
+    BatchSettings,
+    ListTopicsResponse,
+    ListTopicSubscriptionsResponse,
+    PublisherOptions,
+    PubsubMessage,
+    Topic,
+    validate_labels,
+)
 from ..validation import check_message
 from .batcher import Batcher
 
@@ -29,6 +39,11 @@ class PublisherClient(ClientBase):
     when constructed. With ``create_warehouse=False`` only ``create_topic`` creates one
     (after validating its request); every other call on a missing warehouse raises
     ``WarehouseNotFound``.
+
+    ``publisher_options=types.PublisherOptions(enable_message_ordering=True)`` lets
+    ``publish`` take ordering keys. ``stop()`` commits what is pending and refuses further
+    publishing; ``close()`` (and leaving a ``with`` block) does that and refuses every call.
+    Both raise ``ClientClosed``, a ``RuntimeError``, as google-cloud-pubsub does.
     """
 
     def __init__(
@@ -36,13 +51,20 @@ class PublisherClient(ClientBase):
         warehouse: str | None = None,
         *,
         batch_settings: BatchSettings = BatchSettings(),
+        publisher_options: PublisherOptions | Sequence[Any] = (),
         create_warehouse: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(warehouse, create_warehouse=create_warehouse, **kwargs)
         if not isinstance(batch_settings, BatchSettings):
             raise InvalidArgument("batch_settings", "must be a deltabus.types.BatchSettings")
+        if not isinstance(publisher_options, PublisherOptions):  # a tuple, as google-cloud-pubsub takes
+            if isinstance(publisher_options, (str, bytes)) or not isinstance(publisher_options, Sequence):
+                raise InvalidArgument("publisher_options", "must be a deltabus.types.PublisherOptions")
+            publisher_options = PublisherOptions(*publisher_options)
+        self._closed = False
+        super().__init__(warehouse, create_warehouse=create_warehouse, **kwargs)
         self.batch_settings = batch_settings
+        self.publisher_options = publisher_options
         self._batcher: Batcher | None = None
         self._batcher_lock = threading.Lock()
         self._stopped = False
@@ -54,6 +76,7 @@ class PublisherClient(ClientBase):
         return f"projects/{names.parse_project(project)}"
 
     # -- topics ------------------------------------------------------------
+    @refused_when_closed
     def create_topic(self, request: Mapping[str, Any] | None = None, *, name: str | None = None, labels: Mapping[str, str] | None = None) -> Topic:
         f = fields("create_topic", request, {"name", "labels"}, name=name, labels=labels)
         topic = str(names.parse_topic(required(f, "name", "create_topic"), "name"))
@@ -61,23 +84,63 @@ class PublisherClient(ClientBase):
         _, registry = self._open(create=True)  # creating a topic may create the warehouse
         return registry.create_topic(topic, lbls).public()
 
+    @refused_when_closed
     def get_topic(self, request: Mapping[str, Any] | None = None, *, topic: str | None = None) -> Topic:
         f = fields("get_topic", request, {"topic"}, topic=topic)
         name = str(names.parse_topic(required(f, "topic", "get_topic")))
         return self._registry.topic(name).public()
 
-    def list_topics(self, request: Mapping[str, Any] | None = None, *, project: str | None = None) -> list[Topic]:
-        f = fields("list_topics", request, {"project"}, project=project)
+    @refused_when_closed
+    def list_topics(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        project: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> ListTopicsPager:
+        """The project's topics by name, in pages (iterate the pager for all of them)."""
+        f = fields("list_topics", request, {"project", "page_size", "page_token"}, project=project, page_size=page_size, page_token=page_token)
         proj = names.parse_project(required(f, "project", "list_topics"))
-        prefix = f"projects/{proj}/topics/"
-        return [t.public() for n, t in sorted(self._registry.topics().items()) if n.startswith(prefix)]
+        size = pagination.page_size(f.get("page_size"))
+        scope = f"projects/{proj}"
 
-    def list_topic_subscriptions(self, request: Mapping[str, Any] | None = None, *, topic: str | None = None) -> list[str]:
-        f = fields("list_topic_subscriptions", request, {"topic"}, topic=topic)
+        def fetch(token: str | None) -> ListTopicsResponse:
+            self._refuse_if_closed("list_topics")
+            after = pagination.decode_token(token, "topics", scope)
+            topics = self._registry.topics()
+            page, last = pagination.take_page(sorted(n for n in topics if n.startswith(scope + "/topics/")), after, size)
+            nxt = pagination.encode_token("topics", scope, last) if last else ""
+            return ListTopicsResponse(topics=[topics[n].public() for n in page], next_page_token=nxt)
+
+        return ListTopicsPager(fetch, fetch(f.get("page_token")))
+
+    @refused_when_closed
+    def list_topic_subscriptions(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        topic: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> ListTopicSubscriptionsPager:
+        """Names of the topic's subscriptions, in pages."""
+        f = fields("list_topic_subscriptions", request, {"topic", "page_size", "page_token"}, topic=topic, page_size=page_size, page_token=page_token)
         name = str(names.parse_topic(required(f, "topic", "list_topic_subscriptions")))
-        rec = self._registry.topic(name)
-        return sorted(s.name for s in self._registry.subscriptions().values() if s.topic_uid == rec.topic_uid)
+        size = pagination.page_size(f.get("page_size"))
 
+        def fetch(token: str | None) -> ListTopicSubscriptionsResponse:
+            self._refuse_if_closed("list_topic_subscriptions")
+            after = pagination.decode_token(token, "topic_subscriptions", name)
+            rec = self._registry.topic(name)
+            subs = sorted(s.name for s in self._registry.subscriptions().values() if s.topic_uid == rec.topic_uid)
+            page, last = pagination.take_page(subs, after, size)
+            nxt = pagination.encode_token("topic_subscriptions", name, last) if last else ""
+            return ListTopicSubscriptionsResponse(subscriptions=page, next_page_token=nxt)
+
+        return ListTopicSubscriptionsPager(fetch, fetch(f.get("page_token")))
+
+    @refused_when_closed
     def delete_topic(self, request: Mapping[str, Any] | None = None, *, topic: str | None = None) -> None:
         f = fields("delete_topic", request, {"topic"}, topic=topic)
         name = str(names.parse_topic(required(f, "topic", "delete_topic")))
@@ -90,26 +153,59 @@ class PublisherClient(ClientBase):
         append(self._engine, rows)
         return ids
 
+    def _refuse_if_closed(self, method: str) -> None:
+        if self._closed:
+            raise ClientClosed(f"PublisherClient.{method}(): the client is closed; create a new one")
+
+    def _refuse_if_stopped(self, method: str) -> None:
+        self._refuse_if_closed(method)
+        if self._stopped:
+            raise ClientClosed(f"PublisherClient.{method}(): cannot publish on a stopped publisher; create a new one")
+
     def publish(self, topic: str, data: bytes, ordering_key: str = "", **attrs: str) -> "Future[str]":
-        """Publish one message; the future resolves to its message id once committed."""
+        """Publish one message; the future resolves to its message id once committed.
+
+        An ``ordering_key`` needs ``PublisherOptions(enable_message_ordering=True)``: without
+        it this raises OrderingNotEnabled (a ValueError, as google-cloud-pubsub raises, and a
+        RuntimeError) and publishes nothing.
+        """
+        self._refuse_if_stopped("publish")
+        if ordering_key and not self.publisher_options.enable_message_ordering:
+            raise OrderingNotEnabled(
+                "Cannot publish a message with an ordering key: message ordering is not enabled in the "
+                "publisher options (PublisherClient(publisher_options=types.PublisherOptions(enable_message_ordering=True)))"
+            )
         name = str(names.parse_topic(topic))
         size = check_message(data, attrs, ordering_key)
         with self._batcher_lock:
-            if self._stopped:
-                raise Cancelled("publish() on a PublisherClient that was stopped")
+            self._refuse_if_stopped("publish")  # stop() may have run since the check above
             if self._batcher is None:
                 self._batcher = Batcher(self._commit, self.batch_settings)
             batcher = self._batcher
         return batcher.submit(name, OutgoingMessage(bytes(data), dict(attrs), ordering_key or "", size))
 
-    def publish_batch(self, topic: str, messages: Iterable[PubsubMessage | Mapping[str, Any]]) -> list[str]:
+    def publish_batch(
+        self,
+        topic: str | None = None,
+        messages: Iterable[PubsubMessage | Mapping[str, Any]] | None = None,
+        *,
+        request: Mapping[str, Any] | None = None,
+    ) -> list[str]:
         """Publish many messages as one Delta commit; return their ids in order.
 
+        Like Pub/Sub's Publish RPC (``request={"topic": ..., "messages": [...]}`` works too),
+        and unlike ``publish``, it takes ordering keys without ``enable_message_ordering``:
+        one call is one commit, so its messages keep their order anyway.
         All messages are validated first: one bad message fails the call and nothing is written.
         """
-        name = str(names.parse_topic(topic))
+        self._refuse_if_stopped("publish_batch")
+        f = fields("publish_batch", request, {"topic", "messages"}, topic=topic, messages=messages)
+        name = str(names.parse_topic(required(f, "topic", "publish_batch")))
+        given = required(f, "messages", "publish_batch")
+        if isinstance(given, (str, bytes, Mapping)) or not isinstance(given, Iterable):
+            raise InvalidArgument("messages", f"must be a list of PubsubMessage or dicts, got {type(given).__name__}")
         out: list[OutgoingMessage] = []
-        for i, m in enumerate(messages):
+        for i, m in enumerate(given):
             if isinstance(m, PubsubMessage):
                 data, attributes, okey = m.data, m.attributes, m.ordering_key
             elif isinstance(m, Mapping):
@@ -125,18 +221,23 @@ class PublisherClient(ClientBase):
             raise InvalidArgument("messages", "at least one message is required")
         return self._commit(name, out)
 
-    def publish_dataframe(self, topic: str, df: "DataFrame") -> int:
+    def publish_dataframe(self, topic: str | None = None, df: "DataFrame | None" = None, *, request: Mapping[str, Any] | None = None) -> int:
         """Publish every row of a Spark DataFrame as one Delta commit; return the count.
 
         Columns: ``data`` (binary, or string sent as UTF-8), optional ``attributes``
-        (map<string,string>), optional ``ordering_key`` (string). The rows are collected
-        to the driver as Arrow and validated before anything is written.
+        (map<string,string>), optional ``ordering_key`` (string; like ``publish_batch``,
+        one commit, so no ``enable_message_ordering`` needed). The rows are collected to the
+        driver as Arrow and validated before anything is written.
+        ``request={"topic": ..., "dataframe": df}`` works too.
         """
         from ..spark.dataframe import dataframe_to_arrow
 
-        name = str(names.parse_topic(topic))
+        self._refuse_if_stopped("publish_dataframe")
+        f = fields("publish_dataframe", request, {"topic", "dataframe"}, topic=topic, dataframe=df)
+        name = str(names.parse_topic(required(f, "topic", "publish_dataframe")))
+        frame = required(f, "dataframe", "publish_dataframe")
         rec = self._registry.topic(name)
-        table = dataframe_to_arrow(df)
+        table = dataframe_to_arrow(frame)
         if table.num_rows == 0:
             return 0
         rows, ids = from_arrow(rec.topic_uid, rec.name, table, self._clock())
@@ -145,17 +246,25 @@ class PublisherClient(ClientBase):
 
     # -- lifecycle ---------------------------------------------------------
     def stop(self) -> None:
-        """Commit every pending publish, then stop the background batcher."""
+        """Commit every pending publish, stop the background batcher, refuse further publishing.
+
+        Topic calls still work, as after google-cloud-pubsub's ``stop()``; ``close()`` ends those too.
+        """
         with self._batcher_lock:
             self._stopped = True
             batcher, self._batcher = self._batcher, None
         if batcher is not None:
             batcher.flush_and_stop()
 
-    close = stop
+    def close(self) -> None:
+        """``stop()``, then refuse every call (ClientClosed). Idempotent."""
+        self.stop()
+        self._closed = True
 
     def __enter__(self) -> "PublisherClient":
+        if self._closed:
+            raise ClientClosed("a closed PublisherClient cannot be used as a context manager")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.close()

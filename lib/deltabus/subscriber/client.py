@@ -11,15 +11,18 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import ackid, backlog, leasing, names
+from .. import ackid, backlog, leasing, names, pagination
+from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._requests import fields, required
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import ClientClosed, FailedPrecondition, InvalidArgument
+from ..pagers import ListSubscriptionsPager
 from ..policy.backoff import Backoff
 from ..registry import SubscriptionRecord
 from ..types import (
     MAX_ACK_DEADLINE,
     FlowControl,
+    ListSubscriptionsResponse,
     PubsubMessage,
     PullResponse,
     PushConfig,
@@ -44,9 +47,14 @@ def allow_http_default() -> bool:
 
 
 class SubscriberClient(ClientBase):
-    """Create subscriptions and receive messages by pull or streaming pull."""
+    """Create subscriptions and receive messages by pull or streaming pull.
+
+    ``close()`` (and leaving a ``with`` block) stops every ``subscribe()`` stream, nacking
+    what they held, and then refuses every call with ``ClientClosed`` (a RuntimeError).
+    """
 
     def __init__(self, warehouse: str | None = None, *, allow_http: bool | None = None, **kwargs: Any) -> None:
+        self._closed = False
         super().__init__(warehouse, **kwargs)
         self._allow_http = allow_http_default() if allow_http is None else bool(allow_http)
         self._streams: list[StreamingPullManager] = []
@@ -68,6 +76,7 @@ class SubscriberClient(ClientBase):
         return self._registry.subscription(str(names.parse_subscription(name, field)))
 
     # -- administration ----------------------------------------------------------
+    @refused_when_closed
     def create_subscription(
         self,
         request: Mapping[str, Any] | None = None,
@@ -102,21 +111,43 @@ class SubscriberClient(ClientBase):
         rec = self._registry.create_subscription(sub_name, topic_rec, push, deadline, lbls, ordering)
         return rec.public()
 
+    @refused_when_closed
     def get_subscription(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None) -> Subscription:
         f = fields("get_subscription", request, {"subscription"}, subscription=subscription)
         rec = self._sub(required(f, "subscription", "get_subscription"))
         return rec.public(self._registry.topic_is_live(rec.topic_uid))
 
-    def list_subscriptions(self, request: Mapping[str, Any] | None = None, *, project: str | None = None) -> list[Subscription]:
-        f = fields("list_subscriptions", request, {"project"}, project=project)
+    @refused_when_closed
+    def list_subscriptions(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        project: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> ListSubscriptionsPager:
+        """The project's subscriptions by name, in pages (iterate the pager for all of them)."""
+        f = fields(
+            "list_subscriptions", request, {"project", "page_size", "page_token"},
+            project=project, page_size=page_size, page_token=page_token,
+        )
         proj = names.parse_project(required(f, "project", "list_subscriptions"))
-        prefix = f"projects/{proj}/subscriptions/"
-        return [
-            s.public(self._registry.topic_is_live(s.topic_uid))
-            for n, s in sorted(self._registry.subscriptions().items())
-            if n.startswith(prefix)
-        ]
+        size = pagination.page_size(f.get("page_size"))
+        scope = f"projects/{proj}"
 
+        def fetch(token: str | None) -> ListSubscriptionsResponse:
+            if self._closed:
+                raise ClientClosed("SubscriberClient.list_subscriptions(): the client is closed; create a new one")
+            after = pagination.decode_token(token, "subscriptions", scope)
+            subs = self._registry.subscriptions()
+            page, last = pagination.take_page(sorted(n for n in subs if n.startswith(scope + "/subscriptions/")), after, size)
+            nxt = pagination.encode_token("subscriptions", scope, last) if last else ""
+            items = [subs[n].public(self._registry.topic_is_live(subs[n].topic_uid)) for n in page]
+            return ListSubscriptionsResponse(subscriptions=items, next_page_token=nxt)
+
+        return ListSubscriptionsPager(fetch, fetch(f.get("page_token")))
+
+    @refused_when_closed
     def update_subscription(
         self,
         request: Mapping[str, Any] | None = None,
@@ -157,6 +188,7 @@ class SubscriberClient(ClientBase):
         new = self._registry.replace_subscription(replace(rec, **changes))
         return new.public(self._registry.topic_is_live(new.topic_uid))
 
+    @refused_when_closed
     def modify_push_config(
         self,
         request: Mapping[str, Any] | None = None,
@@ -173,6 +205,7 @@ class SubscriberClient(ClientBase):
         rec = self._sub(name)
         self._registry.replace_subscription(replace(rec, push_config=push))
 
+    @refused_when_closed
     def delete_subscription(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None) -> None:
         f = fields("delete_subscription", request, {"subscription"}, subscription=subscription)
         name = str(names.parse_subscription(required(f, "subscription", "delete_subscription")))
@@ -203,6 +236,7 @@ class SubscriberClient(ClientBase):
             out.append(ReceivedMessage(ackid.encode(rec.sub_uid, lease.message_id, lease.delivery_attempt), msg, lease.delivery_attempt))
         return out
 
+    @refused_when_closed
     def pull(
         self,
         request: Mapping[str, Any] | None = None,
@@ -254,12 +288,14 @@ class SubscriberClient(ClientBase):
         rec = self._sub(subscription)
         return leasing.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
 
+    @refused_when_closed
     def acknowledge(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None, ack_ids: Sequence[str] | None = None) -> None:
         """Ack messages. Ack ids that expired, were superseded or are unknown are ignored."""
         f = fields("acknowledge", request, {"subscription", "ack_ids"}, subscription=subscription, ack_ids=ack_ids)
         name = required(f, "subscription", "acknowledge")
         self._acknowledge(name, required(f, "ack_ids", "acknowledge"))
 
+    @refused_when_closed
     def modify_ack_deadline(
         self,
         request: Mapping[str, Any] | None = None,
@@ -280,14 +316,22 @@ class SubscriberClient(ClientBase):
         self._modify_deadline(name, required(f, "ack_ids", "modify_ack_deadline"), seconds)
 
     # -- backlog ---------------------------------------------------------------------
-    def get_backlog(self, subscription: str) -> "backlog.BacklogStats":
-        """Backlog figures of one subscription, computed now from the lease state."""
-        rec = self._sub(subscription)
+    @refused_when_closed
+    def get_backlog(self, subscription: str | None = None, *, request: Mapping[str, Any] | None = None) -> "backlog.BacklogStats":
+        """Backlog figures of one subscription, computed now from the lease state.
+
+        ``get_backlog(path)``, ``get_backlog(subscription=path)`` or ``get_backlog(request={"subscription": path})``.
+        """
+        f = fields("get_backlog", request, {"subscription"}, subscription=subscription)
+        rec = self._sub(required(f, "subscription", "get_backlog"))
         return backlog.compute(self._engine, rec, self._clock())
 
-    def refresh_backlog(self) -> list["backlog.BacklogStats"]:
+    @refused_when_closed
+    def refresh_backlog(self, *, request: Mapping[str, Any] | None = None) -> list["backlog.BacklogStats"]:
         """Compute every subscription's backlog and write it to the ``backlog`` table (push
-        subscriptions keep the push job's counters, window and backoff)."""
+        subscriptions keep the push job's counters, window and backoff). It has no fields:
+        ``request`` may only be ``{}``."""
+        fields("refresh_backlog", request, set())
         now = self._clock()
         stats = [backlog.compute(self._engine, rec, now) for _, rec in sorted(self._registry.subscriptions().items())]
         stats = backlog.keep_push_fields(self._engine, stats)
@@ -295,17 +339,29 @@ class SubscriberClient(ClientBase):
         return stats
 
     # -- streaming pull -------------------------------------------------------------
+    @refused_when_closed
     def subscribe(
         self,
         subscription: str,
         callback: Callable[[Message], object],
         flow_control: FlowControl | Sequence[Any] = (),
         scheduler: Executor | None = None,
+        use_legacy_flow_control: bool = False,
+        await_callbacks_on_shutdown: bool = False,
     ) -> "StreamingPullFuture":
         """Receive messages in the background; the callback gets each with ack()/nack().
 
         Leases are extended while callbacks run; ``future.cancel()`` stops and nacks what was held.
+        A callback that raises gives its message back after a growing delay and resolves the
+        future with its exception while the stream goes on (see ``futures``), as
+        google-cloud-pubsub. ``await_callbacks_on_shutdown``: ``cancel()`` waits for running
+        callbacks. ``use_legacy_flow_control`` is accepted for compatibility and changes
+        nothing: flow control here is the client's own, there is no server side to it.
         """
+        if not isinstance(use_legacy_flow_control, bool):
+            raise InvalidArgument("use_legacy_flow_control", "must be a boolean")
+        if not isinstance(await_callbacks_on_shutdown, bool):
+            raise InvalidArgument("await_callbacks_on_shutdown", "must be a boolean")
         name = str(names.parse_subscription(subscription))
         if not callable(callback):
             raise InvalidArgument("callback", "must be callable")
@@ -314,18 +370,29 @@ class SubscriberClient(ClientBase):
         rec = self._sub(name)
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{name} is a push subscription; subscribe needs an empty push endpoint")
-        manager = StreamingPullManager(self, name, callback, flow_control, executor=scheduler, clock=self._clock)
+        manager = StreamingPullManager(
+            self, name, callback, flow_control, executor=scheduler, clock=self._clock,
+            await_callbacks_on_shutdown=await_callbacks_on_shutdown,
+        )
         with self._streams_lock:
+            if self._closed:  # close() ran since the check on entry: start nothing
+                raise ClientClosed("SubscriberClient.subscribe(): the client is closed; create a new one")
+            self._streams = [m for m in self._streams if not m.closed]  # forget finished streams
             self._streams.append(manager)
         return manager.start()
 
     def close(self) -> None:
+        """Stop every stream (nacking what it held, waiting for its threads), then refuse
+        every further call. Idempotent. Acks from callbacks still running are carried out."""
         with self._streams_lock:
+            self._closed = True
             streams, self._streams = self._streams, []
         for s in streams:
             s.close()
 
     def __enter__(self) -> "SubscriberClient":
+        if self._closed:
+            raise ClientClosed("a closed SubscriberClient cannot be used as a context manager")
         return self
 
     def __exit__(self, *exc: object) -> None:

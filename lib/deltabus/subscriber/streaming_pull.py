@@ -57,12 +57,14 @@ class StreamingPullManager:
         executor: Executor | None = None,
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
+        await_callbacks_on_shutdown: bool = False,
     ) -> None:
         self._client = client
         self._subscription = subscription
         self._callback = callback
         self._flow = flow_control
         self._own_executor = executor is None
+        self._await_callbacks = await_callbacks_on_shutdown
         self._executor = executor or ThreadPoolExecutor(max_workers=10, thread_name_prefix="deltabus-callback")
         self._clock = clock
         self._rand = rand
@@ -119,8 +121,8 @@ class StreamingPullManager:
             for t in self._threads:
                 if t is not threading.current_thread() and t.is_alive():
                     t.join()
-            if self._own_executor:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._own_executor:  # callbacks not yet started are dropped; their messages are nacked below
+                self._executor.shutdown(wait=self._await_callbacks, cancel_futures=True)
             with self._lock:
                 held = list(self._held)
                 self._held.clear()
@@ -135,6 +137,10 @@ class StreamingPullManager:
                 self._dispatcher.join()
             self._closed.set()
             self.future.resolve_closed()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     # -- flow control and dispatch --------------------------------------------
     def _release(self, ack_id: str) -> None:
