@@ -6,7 +6,7 @@
 #   cluster options (--master yarn|k8s://...|spark://..., --deploy-mode, --packages, --conf)
 #   pass straight through and override them.
 # - deltabus settings: conf/deltabus.conf (DELTABUS_CONF), each overridable by DELTABUS_<NAME>.
-# - The library is shipped to executors that do not share this disk: build/deltabus.zip
+# - The library is shipped to executors that do not share this disk: build/lib-<hash>/deltabus.zip
 #   (pure Python) on --py-files, and the settings file on --files. Executors still need
 #   deltabus's dependencies (deltalake, pyarrow, aiohttp, pyjwt) in their Python; see README.
 #   DELTABUS_SHIP=0 skips shipping.
@@ -19,22 +19,57 @@ export DELTABUS_CONF="${DELTABUS_CONF:-$ROOT/conf/deltabus.conf}"
 
 ship=()
 if [ "${DELTABUS_SHIP:-1}" != "0" ]; then
-  zip="$ROOT/build/deltabus.zip"
-  if [ ! -f "$zip" ] || [ -n "$(find "$ROOT/lib/deltabus" -newer "$zip" -print -quit)" ]; then
-    mkdir -p "$ROOT/build"
-    "$DELTABUS_PY" - "$ROOT/lib" "$zip" <<'PY'
-import os, sys, zipfile
-root, out = sys.argv[1], sys.argv[2]
-tmp = out + ".tmp"
-with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-    for d, _, files in os.walk(os.path.join(root, "deltabus")):
-        for f in files:
-            if f.endswith((".py", ".typed")):
-                p = os.path.join(d, f)
-                z.write(p, os.path.relpath(p, root))
-os.replace(tmp, out)
+  # One zip per content, never rewritten: a running job imports lazily from its zip, and
+  # replacing that file under it (another run after an edit) broke its next import with
+  # "zipimport.ZipImportError: bad local file header".
+  zip="$("$DELTABUS_PY" - "$ROOT/lib" "$ROOT/build" <<'PY'
+import hashlib, os, sys, time, zipfile
+root, build = sys.argv[1], sys.argv[2]
+files = sorted(
+    os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "deltabus")) for f in fs if f.endswith((".py", ".typed"))
+)
+h = hashlib.sha256()
+for p in files:
+    h.update(os.path.relpath(p, root).encode() + b"\0")
+    with open(p, "rb") as f:
+        h.update(f.read() + b"\0")
+out_dir = os.path.join(build, "lib-" + h.hexdigest()[:16])
+out = os.path.join(out_dir, "deltabus.zip")
+if not os.path.exists(out):
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in files:
+            z.write(p, os.path.relpath(p, root))
+    os.replace(tmp, out)
+    # Zips of older sources go once unread for a week (relatime still updates atime daily).
+    for d in os.listdir(build):
+        old = os.path.join(build, d, "deltabus.zip")
+        if d.startswith("lib-") and old != out and os.path.exists(old) and time.time() - os.path.getatime(old) > 7 * 86400:
+            os.remove(old)
+            os.rmdir(os.path.join(build, d))
+print(out)
 PY
-  fi
+)"
   ship=(--py-files "$zip" --files "$DELTABUS_CONF")
+fi
+
+# A local master's driver talks only to itself: bind it to 127.0.0.1. Otherwise Spark warns
+# on every start that the hostname resolves to a loopback address and picks another interface.
+if [ -z "${SPARK_LOCAL_IP:-}" ]; then
+  master=""
+  prev=""
+  for a in "$@"; do
+    case "$a" in
+      --master=*) master="${a#--master=}" ;;
+      *.py|*.jar) [ "$prev" != "--master" ] && break ;;
+    esac
+    [ "$prev" = "--master" ] && master="$a"
+    prev="$a"
+  done
+  if [ -z "$master" ] && [ -f "$SPARK_CONF_DIR/spark-defaults.conf" ]; then
+    master="$(awk '$1 == "spark.master" {print $2}' "$SPARK_CONF_DIR/spark-defaults.conf" | tail -1)"
+  fi
+  case "$master" in local*) export SPARK_LOCAL_IP=127.0.0.1 ;; esac
 fi
 exec "$ROOT/.venv/bin/spark-submit" "${ship[@]}" "$@"
