@@ -163,6 +163,7 @@ class DeliveryJob:
         self.app_id = "deltabus-deliver-" + hashlib.sha256(self.checkpoint.encode()).hexdigest()[:16]
         self.idle = False
         self.stopping = False
+        self._drain_limits: tuple[float | None, threading.Event | None] = (None, None)
         self.until_idle = until_idle
         self.summary = RunSummary()
         self._restore()
@@ -219,8 +220,16 @@ class DeliveryJob:
         if self._pool is None:
             return {}
         if wait:
-            longest = max((s.ack_deadline_seconds for s in self.registry.subscriptions().values()), default=10)
-            self._pool.wait_settled(longest + DRAIN_GRACE)
+            self._pool.stop_handing_out()
+            within, hurry = self._drain_limits
+            # A push's request times out at its ack deadline, so after the longest deadline in
+            # flight (plus a grace for reporting) every push the workers hold has an outcome.
+            longest = max((r.ack_deadline_seconds for r in self.registry.subscriptions().values()
+                           if self._states.get(r.sub_uid) and self._states[r.sub_uid].in_flight), default=0)
+            bound = longest + DRAIN_GRACE if within is None else min(within, longest + DRAIN_GRACE)
+            if not self._pool.wait_settled(bound, cancel=hurry):
+                log.info("stopped waiting for %d pushes in flight; their leases expire and they are redelivered",
+                         self._pool.outstanding())
         got = self._pool.collect()
         if got.lost:
             for uid, mid in got.lost:
@@ -469,11 +478,15 @@ class DeliveryJob:
         self._backlog_cost = time.monotonic() - started
 
     # -- running ----------------------------------------------------------------------
-    def drain(self) -> BatchReport:
-        """After the stream stopped: wait for the pushes in flight and merge their outcomes."""
+    def drain(self, within: float | None = None, hurry: threading.Event | None = None) -> BatchReport:
+        """After the stream stopped: send nothing more, wait for the pushes the workers hold
+        (up to `within` seconds and their longest ack deadline, or until `hurry` is set) and
+        merge every outcome reported."""
+        self._drain_limits = (within, hurry)
         return self.process(None, None)
 
-    def close(self) -> None:
+    def close(self, wait: float = 15.0) -> None:
+        """Stop the push workers, waiting up to `wait` seconds for them to end."""
         if self._pool is not None:
-            self._pool.close()
+            self._pool.close(wait)
             self._pool = None
