@@ -177,24 +177,35 @@ class PushPool:
     def queued(self) -> int:
         return self.dispatcher.queued()
 
-    def wait_settled(self, timeout: float) -> bool:
-        """Wait until every queued or handed-out request is settled (or given up on)."""
+    def wait_settled(self, timeout: float, cancel: threading.Event | None = None) -> bool:
+        """Wait until every queued or handed-out request is settled (or given up on), at most
+        `timeout` seconds, or until `cancel` is set. Whether all were settled."""
         end = time.monotonic() + timeout
         while self.dispatcher.outstanding():
-            if time.monotonic() >= end:
+            if time.monotonic() >= end or (cancel is not None and cancel.is_set()):
                 return False
             time.sleep(0.02)
         return True
 
-    def close(self, wait: float = 15.0) -> None:
-        """Stop the workers: they finish what they hold, then their Spark job ends."""
+    def stop_handing_out(self) -> int:
+        """The job is stopping: nothing more goes to the workers. Requests still queued are
+        dropped (leased in Delta, they come back when their leases expire); each worker
+        finishes what it holds, reports it and ends. How many were dropped."""
         dropped = self.dispatcher.drop_queued()
         if dropped:
             log.info("%d queued pushes not sent; their leases expire and they are redelivered", dropped)
         self._closing = True
         self.server.close()
+        return dropped
+
+    def close(self, wait: float = 15.0) -> None:
+        """Stop the workers: they finish what they hold (for up to `wait` seconds; then their
+        Spark job is cancelled), then their Spark job ends."""
+        self.stop_handing_out()
         self._thread.join(wait)
         if self._thread.is_alive():
+            held = self.dispatcher.outstanding()
+            log.info("cancelling the push workers (%d pushes unreported; their leases expire and they are redelivered)", held)
             self.spark.sparkContext.cancelJobGroup(POOL_GROUP)
             self._thread.join(10)
         self.server.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..config import Settings
 from ..spark.source import message_stream, register
@@ -20,6 +20,13 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("deltabus.deliver")
 
 PROGRESS_EVERY = 10.0
+
+# On a stop, the pushes the workers hold get this long at most to finish and be merged (each
+# also ends at its ack deadline, 10 s by default). It keeps a stop, with its final commit and
+# Spark's own shutdown, inside the 30 s a scheduler such as Kubernetes waits before SIGKILL.
+DRAIN_SECONDS = 20.0
+# After the drain, how long the workers get to end before their Spark job is cancelled.
+CLOSE_WAIT = 5.0
 
 
 def _stop_between_batches(query: "StreamingQuery", wait: float = 5.0) -> None:
@@ -65,7 +72,15 @@ def run(
     jwks_port: int | None = None,
     jwks_host: str = "127.0.0.1",
     stop: threading.Event | None = None,
+    hurry: threading.Event | None = None,
+    stop_reason: Callable[[], str] = lambda: "stop requested",
+    drain_seconds: float = DRAIN_SECONDS,
 ) -> RunSummary:
+    """Run the push job until `stop` is set, it is idle (`until_idle`) or `max_seconds` passed.
+
+    Stopping leases nothing more, waits for the pushes the workers hold (at most
+    `drain_seconds`, and no longer than the longest ack deadline in flight; not at all once
+    `hurry` is set), merges their outcomes and returns this run's summary."""
     # Refuse a master without room for the push workers before anything starts.
     pool_size(settings.delivery_partitions, spark.sparkContext.defaultParallelism)
     register(spark)
@@ -94,7 +109,7 @@ def run(
                 break
             now = time.monotonic()
             if stop is not None and stop.is_set():
-                job.summary.stopped_because = "stop requested"
+                job.summary.stopped_because = stop_reason()
                 break
             if until_idle and job.idle:
                 job.summary.stopped_because = "nothing left to deliver or retry"
@@ -109,9 +124,10 @@ def run(
         job.stopping = True
         _stop_between_batches(query)
         try:
-            job.drain()
+            job.drain(within=drain_seconds, hurry=hurry)
         finally:
-            job.close()
+            # The drain waited for the workers already; a hurried stop cancels them at once.
+            job.close(wait=0.0 if hurry is not None and hurry.is_set() else CLOSE_WAIT)
             if server is not None:
                 server.stop()
     log.info(

@@ -1,0 +1,155 @@
+"""Stopping jobs/deliver.py as operators do: SIGTERM from a scheduler, Ctrl-C from a terminal.
+
+Through ./spark-submit.sh, whose pid is the driver JVM (it execs spark-submit). Every message
+must be accounted for: pushed, acked at the endpoint and merged (gone from `deliveries`), or
+still unacked in `deliveries` (its lease expires and it is pushed again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pyarrow.compute as pc
+import pytest
+
+from deltabus import SubscriberClient
+from deltabus.storage.arrow import read_table
+from tests.conftest import ROOT
+from tests.endpoints import Behaviour, Endpoint
+
+pytestmark = pytest.mark.spark
+
+SUMMARY = re.compile(r"^deliver: (?P<why>.+); delivered (?P<delivered>\d+), acked (?P<acked>\d+), nacked (?P<nacked>\d+)$", re.M)
+# Warnings our own settings used to cause, and the console progress bar.
+NOISE = ("FairSchedulableBuilder", "Failed to cancel job group", "falling behind", "ResolveWriteToStream",
+         "resolves to a loopback address", "[Stage")
+
+
+def start(warehouse, tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env["DELTABUS_ALLOW_HTTP"] = "1"
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    job = subprocess.Popen(
+        [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", warehouse, "--trigger-interval", "0.2", *args],
+        cwd=ROOT, env=env, stdout=open(out, "wb"), stderr=open(err, "wb"), start_new_session=True,
+    )
+    return job, out, err
+
+
+def wait_for_pushes(job, ep, n, err):
+    deadline = time.time() + 180
+    while time.time() < deadline and len(ep.snapshot()) < n:
+        assert job.poll() is None, err.read_text()[-3000:]
+        time.sleep(0.05)
+    assert len(ep.snapshot()) >= n
+
+
+def unacked_ids(warehouse) -> set[str]:
+    t = read_table(f"{warehouse}/deliveries")
+    return set(t["message_id"].to_pylist())
+
+
+def push_setup(pub, topic, warehouse, ep, n=3000, **sub_args):
+    sub = SubscriberClient(warehouse=warehouse, allow_http=True)
+    name = sub.subscription_path("local", "stoppable")
+    sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url}, **sub_args)
+    ids = pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(n)])
+    sub.close()
+    return set(ids)
+
+
+def check_clean_stop(job, out, err, signame):
+    code = job.wait(120)
+    stdout, stderr = out.read_text(), err.read_text()
+    assert code == 0, stderr[-4000:]
+    m = SUMMARY.search(stdout)
+    assert m and m["why"] == f"{signame} received", stdout[-3000:]
+    assert "Traceback" not in stderr + stdout
+    assert "Exception" not in stderr, stderr[-4000:]
+    assert not re.search(r"^\s+at [\w.$]+\(", stderr, re.M), stderr[-4000:]  # no Java stack trace
+    return m, stdout, stderr
+
+
+def check_accounted_for(published, ep, warehouse, summary):
+    received = [json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()]
+    unacked = unacked_ids(warehouse)
+    merged = published - unacked
+    assert merged | unacked == published  # nothing lost
+    assert 0 < len(merged) < len(published)
+    # What was in flight at the signal was pushed, acked and merged, or is still unacked:
+    # every push the endpoint acked is merged, and nothing else is.
+    assert set(received) == merged
+    assert int(summary["acked"]) == len(received) == len(set(received))
+
+
+def test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(pub, topic, warehouse, tmp_path):
+    with Endpoint(Behaviour(lambda r, n: (200, 0.05))) as ep:
+        published = push_setup(pub, topic, warehouse, ep)
+        job, out, err = start(warehouse, tmp_path)
+        try:
+            wait_for_pushes(job, ep, 300, err)
+            os.kill(job.pid, signal.SIGTERM)  # as a scheduler does: the spark-submit.sh pid (the driver JVM)
+            summary, stdout, stderr = check_clean_stop(job, out, err, "SIGTERM")
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+        check_accounted_for(published, ep, warehouse, summary)
+    # Our own settings cause no warnings and no progress bars by default.
+    for noise in NOISE:
+        assert noise not in stderr + stdout, noise
+
+
+def test_ctrl_c_to_the_process_group_stops_cleanly(pub, topic, warehouse, tmp_path):
+    with Endpoint(Behaviour(lambda r, n: (200, 0.05))) as ep:
+        published = push_setup(pub, topic, warehouse, ep)
+        job, out, err = start(warehouse, tmp_path, "--verbose")
+        try:
+            wait_for_pushes(job, ep, 300, err)
+            os.killpg(job.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the foreground group
+            summary, stdout, stderr = check_clean_stop(job, out, err, "SIGINT")
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+        check_accounted_for(published, ep, warehouse, summary)
+    # --verbose shows more: Spark's INFO logs.
+    assert re.search(r" INFO (SparkContext|MicroBatchExecution|DAGScheduler)", stderr), stderr[-2000:]
+
+
+def test_a_second_signal_stops_without_waiting_for_pushes_in_flight(pub, topic, warehouse, tmp_path):
+    """Pushes hang far past any drain: only a second signal lets the job stop. What was
+    reported is merged; what was still with the endpoint stays unacked (its lease expires)."""
+    answered: list[str] = []
+
+    def respond(r, n):
+        if n <= 100:
+            answered.append(json.loads(r.body)["message"]["messageId"])
+            return 200, 0.0
+        return 200, 30.0  # hangs past the second signal; a drain would wait for it (ack deadline 600 s)
+
+    with Endpoint(Behaviour(respond)) as ep:
+        published = push_setup(pub, topic, warehouse, ep, n=1000, ack_deadline_seconds=600)
+        job, out, err = start(warehouse, tmp_path, "--drain-seconds", "600")
+        try:
+            wait_for_pushes(job, ep, 110, err)
+            os.kill(job.pid, signal.SIGTERM)
+            deadline = time.time() + 60
+            while "SIGTERM: stopping" not in out.read_text():
+                assert time.time() < deadline and job.poll() is None, err.read_text()[-3000:]
+                time.sleep(0.05)
+            time.sleep(1.5)  # a separate signal, not a copy of the first
+            os.kill(job.pid, signal.SIGTERM)
+            summary, stdout, _ = check_clean_stop(job, out, err, "SIGTERM")
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+    assert "SIGTERM again: stopping without waiting" in stdout
+    unacked = unacked_ids(warehouse)
+    merged = published - unacked
+    assert merged | unacked == published
+    assert merged == set(answered)  # the reported acks were merged; the hanging pushes were not
+    assert int(summary["acked"]) == len(answered)
