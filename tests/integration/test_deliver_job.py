@@ -82,3 +82,24 @@ def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(warehouse):
     assert out.returncode == 2, both[-4000:]
     assert "deliver: spark.master: the push job needs at least 2 task slots" in both
     assert "Traceback" not in both
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--max-seconds", "0"], "--max-seconds"),
+        (["--max-seconds", "-5"], "--max-seconds"),
+        (["--max-seconds", "soon"], "--max-seconds"),
+        (["--trigger-interval", "0"], "--trigger-interval"),
+        (["--drain-seconds", "-1"], "--drain-seconds"),
+        (["--jwks-port", "70000"], "--jwks-port"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_it_and_exit_2(args, flag, tmp_path):
+    warehouse = str(tmp_path / "wh")
+    out = subprocess.run([sys.executable, str(ROOT / "jobs" / "deliver.py"), "--warehouse", warehouse, *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"deliver: ") and flag in lines[0], out.stderr
+    assert not os.path.exists(warehouse)  # nothing written
