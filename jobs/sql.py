@@ -16,14 +16,29 @@ import os
 import sys
 
 
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="jobs/sql.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--warehouse", default=os.environ.get("DELTABUS_WAREHOUSE", "./warehouse"), help="warehouse path or URI (default: $DELTABUS_WAREHOUSE or ./warehouse)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-e", "--execute", help="SQL statements to run (separated by ';')")
     g.add_argument("-f", "--file", help="a file of SQL statements")
-    p.add_argument("--rows", type=int, default=50, help="rows to show per result (default 50)")
+    p.add_argument("--rows", type=_positive, default=50, help="rows to show per result (default 50)")
     args = p.parse_args(argv)
+    script = None
+    if args.file:  # read before Spark starts: a wrong path is one line, not a trace after 10 s
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                script = f.read()
+        except OSError as exc:
+            print(f"error: -f {args.file}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
 
     from deltabus.spark.sql_shell import (
         BANNER,
@@ -53,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_query_error_logs()
     try:
         if console is None:
-            text = args.execute if args.execute else open(args.file).read()
+            text = args.execute if args.execute else script or ""
             try:
                 run_statements(spark, split_statements(text), rows=args.rows, say=print)
             except Exception as exc:

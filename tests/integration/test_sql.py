@@ -213,3 +213,12 @@ def test_a_new_session_shows_a_current_backlog_and_keeps_the_push_jobs_figures(s
     assert rows[subscription].num_undelivered_messages == 2 and rows[subscription].push_window is None
     assert rows[pusher].num_undelivered_messages == 2
     assert (rows[pusher].delivered, rows[pusher].acked, rows[pusher].push_window) == (7, 6, 5000)
+
+
+def test_sql_job_reports_a_missing_script_in_one_line_before_starting_spark(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "sql.py"), "-f", str(tmp_path / "missing.sql")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [f"error: -f {tmp_path / 'missing.sql'}: No such file or directory"]
