@@ -69,13 +69,15 @@ def run(spark: "SparkSession", warehouse: str, project: str = "quickstart", say:
         f"backlog after acking: {after.num_unacked_messages} unacked "
         f"(written to the backlog table at {sub.engine.table_uri('backlog')})"
     )
-    pushed = _push_demo(spark, pub.engine.warehouse, project, say)
+    pushed, push_acked = _push_demo(spark, pub.engine.warehouse, project, say)
     sub.close()
-    return {"published": 1 + len(ids) + n, "pulled": pulled, "unacked": after.num_unacked_messages, "pushed": pushed}
+    return {"published": 1 + len(ids) + n, "pulled": pulled, "unacked": after.num_unacked_messages, "pushed": pushed,
+            "push_acked": push_acked}
 
 
-def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) -> int:
-    """A push subscription to an endpoint on 127.0.0.1, delivered by the push job until idle."""
+def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) -> tuple[int, int]:
+    """A push subscription to an endpoint on 127.0.0.1, delivered by the push job until idle.
+    Returns (this run's messages the endpoint received, acks the push job merged in this run)."""
     from .config import Settings
     from .push import runner
     from .push.local_endpoint import LocalEndpoint
@@ -88,6 +90,12 @@ def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) ->
         try:
             sub.create_subscription(name=path, topic=topic, push_config={"push_endpoint": endpoint.url})
         except AlreadyExists:
+            # An earlier run left it as a pull subscription of the same topic, so it holds every
+            # message published since (this run's pull demo too): ack those first, so that this
+            # run's push figures are this run's 500.
+            left = _drain(sub, path, lambda _: None)
+            if left:
+                say(f"acked {left} messages {path} got while it had no endpoint (since an earlier run)")
             sub.modify_push_config(subscription=path, push_config={"push_endpoint": endpoint.url})
         say(f"push subscription {path} -> {endpoint.url}")
         ids = pub.publish_batch(topic, [types.PubsubMessage(data=f'{{"push": {i}}}'.encode(), attributes={"via": "push"}) for i in range(500)])
@@ -101,4 +109,4 @@ def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) ->
         sub.modify_push_config(subscription=path, push_config={})  # its endpoint goes away with us: back to pull
     pub.stop()
     sub.close()
-    return len(got & set(ids))
+    return len(got & set(ids)), summary.acked

@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 
@@ -9,20 +10,37 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
 
+PUSH_LINE = re.compile(r"push job: (\d+) pushed, (\d+) acked by the endpoint .*; the endpoint received (\d+) of (\d+)")
+# Warnings our own settings used to cause, and the console progress bar.
+NOISE = ("FairSchedulableBuilder", "Failed to cancel job group", "falling behind", "ResolveWriteToStream",
+         "resolves to a loopback address", "[Stage")
+
+
+def push_figures(lines: list[str]) -> tuple[int, ...]:
+    (m,) = [PUSH_LINE.search(l) for l in lines if PUSH_LINE.search(l)]
+    return tuple(int(g) for g in m.groups())
+
 
 def test_quickstart_publishes_pulls_and_acks_everything(spark, warehouse):
     lines: list[str] = []
     result = quickstart.run(spark, warehouse, say=lines.append)
-    assert result == {"published": 1101, "pulled": 1101, "unacked": 0, "pushed": 500}
+    assert result == {"published": 1101, "pulled": 1101, "unacked": 0, "pushed": 500, "push_acked": 500}
     assert any("created topic projects/quickstart/topics/orders" in l for l in lines)
-    # Running it again on the same warehouse works too.
-    again = quickstart.run(spark, warehouse, say=lines.append)
+    assert push_figures(lines) == (500, 500, 500, 500)
+    # Running it again on the same warehouse works too, and reports that run's own figures
+    # (the push subscription held the second run's pull-demo messages: 1601 pushed).
+    again_lines: list[str] = []
+    again = quickstart.run(spark, warehouse, say=again_lines.append)
     assert again == result
+    assert push_figures(again_lines) == (500, 500, 500, 500)
+    assert any("acked 1101 messages projects/quickstart/subscriptions/orders-push got while it had no endpoint" in l
+               for l in again_lines)
 
 
 def test_job_help():
     out = subprocess.run([sys.executable, str(ROOT / "jobs" / "quickstart.py"), "--help"], capture_output=True, text=True, check=True)
     assert "--warehouse" in out.stdout
+    assert "--verbose" in out.stdout
 
 
 def test_readme_first_command_runs_the_job(tmp_path):
@@ -34,3 +52,8 @@ def test_readme_first_command_runs_the_job(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "quickstart OK" in out.stdout
+    # Our lines and real problems only: no warnings our own settings cause, no progress bars.
+    for noise in NOISE:
+        assert noise not in out.stdout + out.stderr, (noise, out.stderr[-3000:])
+    assert "SparkUI" not in out.stderr  # a 30 s demo starts no web UI (and binds no port for one)
+    assert " INFO " not in out.stderr, out.stderr[-3000:]
