@@ -450,23 +450,30 @@ def spark_sql_timer() -> Callable[[str], float]:
 
 
 # -- chart and main --------------------------------------------------------------------------
-def chart(result: dict[str, Any], path: Path) -> None:
+def figure(result: dict[str, Any]) -> Any:
+    """The results as a matplotlib Figure: one panel per group of sections that ran (a
+    partial run gets no empty panels), every axis labelled with its unit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
     r = result["results"]
+    panels = [name for name, present in (("push", "push" in r), ("publish/pull", "publish" in r or "pull" in r),
+                                         ("latency", "latency" in r), ("scale", "scale" in r)) if present]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 4.2), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
     if "push" in r:
         p = r["push"]
-        ax = axes[0]
+        ax = axes["push"]
         ax.bar(["raw aiohttp\n(mean of 2)", "deliver (warm)", "deliver (cold)"], [p["raw_msgs_per_s"], p["warm_msgs_per_s"], p["cold_msgs_per_s"]], color=["grey", "C0", "C1"])
         ax.axhline(0.5 * p["raw_msgs_per_s"], ls="--", color="red", label="target 0.5x raw")
-        ax.set_title("push, msg/s")
+        ax.set_title("push")
+        ax.set_xlabel("client")
+        ax.set_ylabel("messages per second")
         ax.legend()
-    if "publish" in r or "pull" in r:
-        ax = axes[1]
+    if "publish/pull" in axes:
+        ax = axes["publish/pull"]
         labels, values, colors = [], [], []
         if "publish" in r:
             labels += ["raw write_deltalake", "publish_batch"]
@@ -478,19 +485,22 @@ def chart(result: dict[str, Any], path: Path) -> None:
             colors += ["C2", "C2"]
         ax.bar(labels, values, color=colors)
         ax.tick_params(axis="x", labelrotation=20)
-        ax.set_title("publish and pull, msg/s")
+        ax.set_title("publish and pull")
+        ax.set_xlabel("client (processes)")
+        ax.set_ylabel("messages per second")
     if "latency" in r:
-        ax = axes[2]
+        ax = axes["latency"]
         lat = r["latency"]["samples"]
         share = r["latency"]["received"] / max(1, r["latency"]["messages"])  # the CDF tops out below 1 if some never arrived
         ax.plot(sorted(lat), [share * i / max(1, len(lat) - 1) for i in range(len(lat))])
         ax.set_ylim(0, 1.02)
         ax.axvline(3.0, ls="--", color="red", label="p99 target 3 s")
         ax.set_title(f"publish -> push latency CDF at {r['latency']['actual_rate']:.0f}/s")
-        ax.set_xlabel("seconds")
+        ax.set_xlabel("publish -> push (seconds)")
+        ax.set_ylabel("share of messages published")
         ax.legend()
     if "scale" in r:
-        ax = axes[3]
+        ax = axes["scale"]
         sizes = list(r["scale"]["sizes"])
         xs = [int(s) for s in sizes]
         ax.plot(xs, [r["scale"]["sizes"][s]["cost_ms_per_msg"] for s in sizes], marker="o", color="C0", label="push job CPU ms per msg")
@@ -508,6 +518,13 @@ def chart(result: dict[str, Any], path: Path) -> None:
         ax.legend(loc="lower left", fontsize=8)
         ax2.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
     fig.savefig(path, dpi=90, format="png")  # the path may end in .tmp (see write_results)
     plt.close(fig)
 

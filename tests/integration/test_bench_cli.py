@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.run import RESULTS, SECTIONS, Options, parse_args, result_stem
+from bench.run import RESULTS, SECTIONS, Options, figure, parse_args, result_stem
 from tests.conftest import ROOT
 
 DAY = dt.date(2026, 11, 23)
@@ -112,3 +112,26 @@ def test_quick_partial_run_writes_its_own_files_and_leaves_no_scratch_behind(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["res.json", "res.png", "tmp"]  # no .tmp halves left
     assert list(scratch.iterdir()) == []
     assert _snapshot(RESULTS) == before
+
+
+RECORD = RESULTS / "2026-11-22.json"  # the committed results of record, read only
+
+
+@pytest.mark.parametrize("sections", [SECTIONS, *[(s,) for s in SECTIONS], ("publish", "pull"), ("push", "scale")], ids="+".join)
+def test_chart_has_a_labelled_panel_per_section_that_ran(sections):
+    import matplotlib.pyplot as plt
+
+    record = json.loads(RECORD.read_text())
+    result = {**record, "results": {k: v for k, v in record["results"].items() if k in sections}}
+    fig = figure(result)
+    try:
+        panels = {"publish" if s == "pull" else s for s in sections}  # publish and pull share a panel
+        main = [ax for ax in fig.axes if ax.get_title()]
+        assert len(main) == len(panels), [ax.get_title() for ax in fig.axes]  # no empty panels
+        for ax in fig.axes:
+            assert ax.get_ylabel().strip(), f"panel {ax.get_title()!r}: no y label"
+            assert ax.has_data()
+        for ax in main:
+            assert ax.get_xlabel().strip(), f"panel {ax.get_title()!r}: no x label"
+    finally:
+        plt.close(fig)
