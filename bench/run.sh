@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run every benchmark side by side with its raw baseline (under 10 minutes on 2 cores):
-#   ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale]
+#   ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale] [--out STEM]
 # A full run writes the results of record, bench/results/<date>.json and .png; --quick and
 # partial (--only) runs write <date>[-quick][-partial-<sections>].json/.png instead (git-ignored).
+# It runs from any directory; a relative --out is taken from the directory it was run in.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/bootstrap.sh
-exec "$DELTABUS_PY" bench/run.py "$@"
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$BENCH_DIR/../scripts/bootstrap.sh"
+exec "$DELTABUS_PY" "$BENCH_DIR/run.py" "$@"

@@ -96,14 +96,15 @@ def test_run_sh_refuses_an_unknown_section_and_writes_nothing():
 
 
 def test_quick_partial_run_writes_its_own_files_and_leaves_no_scratch_behind(tmp_path):
-    """One cheap real section: results go where --out says, with the sections recorded, and
-    the warehouses it made (under TMPDIR) are gone afterwards."""
+    """One cheap real section, run from another directory: results go where --out says, with
+    the sections recorded, and the warehouses it made (under TMPDIR) are gone afterwards."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     before = _snapshot(RESULTS)
     env = {**os.environ, "TMPDIR": str(scratch)}
-    proc = subprocess.run([str(ROOT / "bench" / "run.sh"), "--quick", "--only", "pull", "--out", str(tmp_path / "res")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    # Run from elsewhere: a relative --out is the caller's, as with any command.
+    proc = subprocess.run([str(ROOT / "bench" / "run.sh"), "--quick", "--only", "pull", "--out", "res"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "res.json").read_text())
     assert result["quick"] is True and result["sections"] == ["pull"] and list(result["results"]) == ["pull"]
