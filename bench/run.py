@@ -355,18 +355,24 @@ def latency(rate: float, seconds: float, warmup: float, scratch: Path) -> dict[s
     if missing:
         log(f"latency: {len(missing)} messages not received; published {min(missing) - t_measure:.1f}..{max(missing) - t_measure:.1f} s into the run")
         log("job output tail:\n" + "\n".join(job_out.splitlines()[-15:]))
-    lat = sorted(seen[m] - t for m, t in published.items() if m in seen)
     del probe
+    out = {"target_rate": rate, "actual_rate": round(actual_rate, 1), "seconds": seconds, "warmup_seconds": warmup,
+           **latency_stats(published, seen)}
+    log(f"latency at {actual_rate:.0f} msg/s: p50 {out['p50_s']} s, p99 {out['p99_s']} s (None: not received), {out['received']}/{out['messages']} received")
+    return out
+
+
+def latency_stats(published: dict[str, float], seen: dict[str, float]) -> dict[str, Any]:
+    """Publish -> arrival percentiles over every published message (message id -> time).
+    A message never received ranks last, so a percentile that falls on one is None."""
+    lat = sorted(seen[m] - t for m, t in published.items() if m in seen)
 
     def q(p: float) -> float | None:
-        """Percentile over every published message; one not received ranks last (None = not received)."""
         i = int(p * len(published))
         return round(lat[i], 3) if i < len(lat) else None
 
-    out = {"target_rate": rate, "actual_rate": round(actual_rate, 1), "seconds": seconds, "warmup_seconds": warmup, "messages": len(published),
-           "received": len(lat), "p50_s": q(0.5), "p99_s": q(0.99), "max_received_s": round(lat[-1], 3), "samples": lat[:: max(1, len(lat) // 500)]}
-    log(f"latency at {actual_rate:.0f} msg/s: p50 {out['p50_s']} s, p99 {out['p99_s']} s (None: not received), {len(lat)}/{len(published)} received")
-    return out
+    return {"messages": len(published), "received": len(lat), "p50_s": q(0.5), "p99_s": q(0.99),
+            "max_received_s": round(lat[-1], 3) if lat else None, "samples": lat[:: max(1, len(lat) // 500)]}
 
 
 # -- 5. scale: cost per message as the backlog grows --------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.run import RESULTS, SECTIONS, Options, figure, parse_args, result_stem
+from bench.run import RESULTS, SECTIONS, Options, figure, latency_stats, parse_args, result_stem
 from tests.conftest import ROOT
 
 DAY = dt.date(2026, 11, 23)
@@ -136,3 +136,12 @@ def test_chart_has_a_labelled_panel_per_section_that_ran(sections):
             assert ax.get_xlabel().strip(), f"panel {ax.get_title()!r}: no x label"
     finally:
         plt.close(fig)
+
+
+def test_latency_stats_rank_lost_messages_last_and_survive_none_received():
+    published = {f"m{i}": 100.0 for i in range(100)}
+    seen = {f"m{i}": 100.0 + i / 100 for i in range(98)}  # m98 and m99 never arrived
+    stats = latency_stats(published, seen)
+    assert (stats["messages"], stats["received"], stats["p50_s"], stats["p99_s"], stats["max_received_s"]) == (100, 98, 0.5, None, 0.97)
+    # A run in which nothing arrived (the job never came up) still reports, instead of an IndexError.
+    assert latency_stats(published, {}) == {"messages": 100, "received": 0, "p50_s": None, "p99_s": None, "max_received_s": None, "samples": []}
