@@ -220,14 +220,16 @@ class DeliveryJob:
         if self._pool is None:
             return {}
         if wait:
-            self._pool.stop_handing_out()
             within, hurry = self._drain_limits
-            # A push's request times out at its ack deadline, so after the longest deadline in
-            # flight (plus a grace for reporting) every push the workers hold has an outcome.
+            # Nothing more is leased; what is leased is still pushed. A push's request times out
+            # at its ack deadline and a request still waiting at the end of its lease is not
+            # sent, so after the longest deadline in flight (plus a grace for reporting) every
+            # push has an outcome. `within` caps that wait; `hurry` ends it.
             longest = max((r.ack_deadline_seconds for r in self.registry.subscriptions().values()
                            if self._states.get(r.sub_uid) and self._states[r.sub_uid].in_flight), default=0)
             bound = longest + DRAIN_GRACE if within is None else min(within, longest + DRAIN_GRACE)
             if not self._pool.wait_settled(bound, cancel=hurry):
+                self._pool.stop_handing_out()
                 log.info("stopped waiting for %d pushes in flight; their leases expire and they are redelivered",
                          self._pool.outstanding())
         got = self._pool.collect()
