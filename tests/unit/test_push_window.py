@@ -48,3 +48,9 @@ def test_slow_or_unreliable_endpoint_falls_back_to_3000():
     assert slow.limit == SLOW_START_LIMIT
     flaky = PushWindow(size=9000, avg_latency=0.1, ack_ratio=0.97).after_round(100, 0, 0.1)
     assert flaky.limit <= SLOW_START_LIMIT
+
+
+def test_pushes_that_expired_before_being_sent_halve_the_window():
+    # Our own sending fell behind the window: shrink it fast, whatever the endpoint said.
+    w = PushWindow(size=3000, avg_latency=0.05, ack_ratio=1.0).after_round(acks=2000, nacks=100, mean_latency=0.05, expired=100)
+    assert w.limit == (3000 - 50) // 2

@@ -252,7 +252,10 @@ class DeliveryJob:
             failed = rows.filter(pc.invert(is_ack))
             nacks = failed.select(["message_id", "delivery_attempt"])
             latency = pc.sum(rows["latency_seconds"]).as_py() or 0.0
-            line = st.apply(Round(acks.num_rows, nacks.num_rows, latency, _reasons(failed), _last_status(rows)), now, self._rand())
+            expired = int(pc.sum(pc.cast(pc.equal(failed["outcome"], "expired"), pa.int64())).as_py() or 0)
+            line = st.apply(
+                Round(acks.num_rows, nacks.num_rows, latency, _reasons(failed), _last_status(rows), expired), now, self._rand()
+            )
             self._log_backoff(uid, line)
             result[uid] = (acks, nacks)
         return result

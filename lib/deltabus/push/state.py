@@ -54,6 +54,7 @@ class Round:
     latency_sum: float = 0.0
     reasons: tuple[tuple[str, int], ...] = ()  # failure reason -> count, for the nacks
     last_status: str | None = None  # reason_of the round's last outcome (acks included)
+    expired: int = 0  # of the nacks: pushes not sent because their lease ended first
 
     @property
     def total(self) -> int:
@@ -103,7 +104,7 @@ class SubState:
         if r.total == 0:
             return None
         self.backoff = self.backoff.after_round(r.acks, r.nacks, now, rand, last_push=self.last_push)
-        self.window = self.window.after_round(r.acks, r.nacks, r.mean_latency)
+        self.window = self.window.after_round(r.acks, r.nacks, r.mean_latency, expired=r.expired)
         self.acked += r.acks
         self.nacked += r.nacks
         if r.last_status is not None:
