@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,7 @@ def test_sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_pa
             os.killpg(job.pid, signal.SIGKILL)  # the whole job: spark-submit, the JVM, its Python workers
             job.wait(30)
         before = {json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()}
+        pushes_before = len(ep.snapshot())
         assert 0 < len(before) < len(published)
 
         again = start_job(warehouse, "--until-idle", "--max-seconds", "180", log_path=log_path)
@@ -62,6 +64,9 @@ def test_sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_pa
         assert {m["messageId"] for m in received} == set(published)  # no message lost
         assert sub.get_backlog(s).num_unacked_messages == 0  # and every one acked
         assert "nothing left to deliver or retry" in log_path.read_text()
+        # The summary counts this run, not the counters restored from the first run's backlog.
+        summary = re.findall(r"^deliver: nothing left to deliver or retry; delivered (\d+), acked (\d+)", log_path.read_text(), re.M)
+        assert summary and int(summary[-1][1]) == len(ep.snapshot()) - pushes_before
 
 
 def test_spark_submit_ships_the_library_and_settings():
