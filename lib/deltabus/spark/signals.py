@@ -12,6 +12,11 @@ keeps plain ``spark-submit`` working, with no wrapper process in between. Python
 handlers cover a signal sent to the Python process alone (and a terminal's Ctrl-C, which
 reaches both; ``policy.stopping`` counts that as one signal).
 
+Ctrl-C reaches the whole foreground process group. pyspark's daemon puts its workers (the
+push workers among them) in a group of their own, and the stream source's Python runner,
+which is in the JVM's group, runs with SIGINT ignored (its /proc status, checked here on
+Spark 4.1): neither is stopped under the driver.
+
 A signal that arrives before the JVM handlers are installed (the first seconds of startup)
 still ends the JVM the default way: nothing has been leased by then.
 """
