@@ -78,7 +78,7 @@ def _push_from_row(row: Mapping[str, Any] | None) -> PushConfig:
         return PushConfig()
     oidc = row.get("oidc_token")
     nowrap = row.get("no_wrapper")
-    return PushConfig(
+    return PushConfig.stored(
         push_endpoint=row.get("push_endpoint") or "",
         attributes=dict(row.get("attributes") or []),
         oidc_token=OidcToken(**oidc) if oidc else None,

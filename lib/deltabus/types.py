@@ -129,6 +129,26 @@ class PushConfig:
         return bool(self.push_endpoint)
 
     @classmethod
+    def stored(
+        cls, push_endpoint: str, attributes: Mapping[str, str], oidc_token: OidcToken | None, no_wrapper: NoWrapper | None
+    ) -> "PushConfig":
+        """A config read back from the registry, as it was stored.
+
+        Rows written before the endpoint rule was tightened (a port of 99999, a space in the
+        host) break today's rule. Refusing to read them would break every read of the
+        warehouse, the push job's included, so they come back unchecked: the push job then
+        reports that subscription's pushes as failing (``invalid url`` in the backlog) and
+        ``update_subscription`` can set a valid endpoint."""
+        try:
+            return cls(push_endpoint, attributes, oidc_token, no_wrapper)
+        except InvalidArgument:
+            config = object.__new__(cls)
+            for name, value in (("push_endpoint", push_endpoint), ("attributes", attributes),
+                                ("oidc_token", oidc_token), ("no_wrapper", no_wrapper)):
+                object.__setattr__(config, name, value)
+            return config
+
+    @classmethod
     def coerce(cls, value: "PushConfig | Mapping[str, Any] | None") -> "PushConfig":
         """Accept a PushConfig, a dict in Pub/Sub's JSON shape, or None (pull)."""
         if value is None:

@@ -31,3 +31,22 @@ def test_a_good_endpoint_is_stored_as_given(sub, topic, subscription):
     url = "https://push.example.com:8443/hook?token=abc"
     sub.modify_push_config(subscription=subscription, push_config=types.PushConfig(push_endpoint=url))
     assert sub.get_subscription(subscription=subscription).push_config.push_endpoint == url
+
+
+def test_an_endpoint_stored_before_the_rule_still_reads_and_can_be_replaced(sub, topic, monkeypatch):
+    # A row as older code wrote it: the endpoint check of the time let this through.
+    import deltabus.types
+
+    old = "https://example.com:99999/push"
+    name = sub.subscription_path("local", "old-push")
+    with monkeypatch.context() as m:
+        m.setattr(deltabus.types, "check_push_endpoint", lambda url, field="": url)
+        sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": old})
+    # Every read of the warehouse keeps working, and shows the endpoint as stored.
+    assert sub.get_subscription(subscription=name).push_config.push_endpoint == old
+    assert [s.push_config.push_endpoint for s in sub.list_subscriptions(project="projects/local") if s.name == name] == [old]
+    # New writes still follow the rule, and a valid endpoint replaces the old one.
+    with pytest.raises(InvalidArgument):
+        sub.modify_push_config(subscription=name, push_config={"push_endpoint": old})
+    sub.modify_push_config(subscription=name, push_config={"push_endpoint": "https://example.com:8443/push"})
+    assert sub.get_subscription(subscription=name).push_config.push_endpoint == "https://example.com:8443/push"
