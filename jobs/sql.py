@@ -63,7 +63,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import deltabus.spark
 
-    spark = deltabus.spark.session(args.warehouse, app_name="deltabus-sql")
+    from deltabus.errors import DeltabusError
+
+    try:
+        spark = deltabus.spark.session(args.warehouse, app_name="deltabus-sql")
+    except DeltabusError as exc:  # a mistyped --warehouse: one line, nothing created
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     spark.sparkContext.setLogLevel("WARN")
     quiet_query_error_logs()
     try:

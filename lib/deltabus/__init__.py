@@ -1,7 +1,7 @@
 """deltabus: Pub/Sub's topics, subscriptions, push and pull delivery, on Delta tables and Spark."""
 
 from . import types
-from .errors import AlreadyExists, Aborted, Cancelled, ClientClosed, DeltabusError, FailedPrecondition, InvalidArgument, NotFound, OrderingNotEnabled
+from .errors import AlreadyExists, Aborted, Cancelled, ClientClosed, DeltabusError, FailedPrecondition, InvalidArgument, NotFound, OrderingNotEnabled, WarehouseNotFound
 from .publisher import PublisherClient
 from .subscriber import SubscriberClient
 
@@ -20,4 +20,5 @@ __all__ = [
     "Cancelled",
     "ClientClosed",
     "OrderingNotEnabled",
+    "WarehouseNotFound",
 ]

@@ -108,3 +108,23 @@ def test_a_bad_flag_is_one_line_naming_it_and_exit_2(args, flag, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"deliver: ") and flag in lines[0], out.stderr
     assert not os.path.exists(warehouse)  # nothing written
+
+
+def test_a_missing_warehouse_is_one_line_and_creates_nothing(tmp_path):
+    warehouse = str(tmp_path / "typo" / "warehouse")
+    out = subprocess.run([sys.executable, str(ROOT / "jobs" / "deliver.py"), "--warehouse", warehouse, "--until-idle"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == f"deliver: no warehouse at {warehouse}"
+    assert not os.path.exists(tmp_path / "typo")
+
+
+def test_a_warehouse_that_is_a_file_names_the_flag(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("not a warehouse")
+    out = subprocess.run([sys.executable, str(ROOT / "jobs" / "deliver.py"), "--warehouse", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deliver: --warehouse: "), out.stderr
+    assert path.read_text() == "not a warehouse"

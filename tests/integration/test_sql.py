@@ -12,6 +12,7 @@ import time
 import pytest
 
 import deltabus.spark
+from deltabus.errors import WarehouseNotFound
 from deltabus.spark.sql_shell import repl, split_statements, take_statements
 from tests.conftest import ROOT, ManualClock
 
@@ -90,7 +91,7 @@ def test_repl_runs_statements_and_survives_errors(spark, pub, topic, warehouse):
     assert len(errors) == 1 and errors[0].startswith("error: [TABLE_OR_VIEW_NOT_FOUND]") and "\n" not in errors[0]
 
 
-def test_repl_runs_a_last_statement_without_semicolon_at_eof(spark, warehouse):
+def test_repl_runs_a_last_statement_without_semicolon_at_eof(spark, pub, warehouse):
     s = deltabus.spark.session(warehouse, spark=spark)
     out: list[str] = []
     repl(s, _lines("select 41 + 1 as answer"), rows=10, say=out.append)
@@ -222,3 +223,10 @@ def test_sql_job_reports_a_missing_script_in_one_line_before_starting_spark(tmp_
     )
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [f"error: -f {tmp_path / 'missing.sql'}: No such file or directory"]
+
+
+def test_session_on_a_missing_warehouse_is_not_found_and_creates_nothing(spark, tmp_path):
+    missing = str(tmp_path / "typo")
+    with pytest.raises(WarehouseNotFound, match="no warehouse at"):
+        deltabus.spark.session(missing, spark=spark)
+    assert not os.path.exists(missing)

@@ -139,7 +139,8 @@ class DeliveryJob:
     ) -> None:
         self.spark = spark
         self.settings = settings
-        self.engine = engine or open_engine(settings.warehouse, engine=settings.engine, spark=spark)
+        # A mistyped --warehouse is an error, not a new empty warehouse to watch forever.
+        self.engine = engine or open_engine(settings.warehouse, engine=settings.engine, spark=spark, create=False)
         self.registry = Registry(self.engine, clock=clock)
         self._clock = clock
         self._rand = rand

@@ -80,7 +80,8 @@ def session(
     from ..storage import open_engine
     from ..subscriber.client import SubscriberClient
 
-    engine = open_engine(warehouse, engine="delta-rs")  # validates the warehouse and creates missing tables
+    # A read: a mistyped path raises WarehouseNotFound instead of creating an empty warehouse.
+    engine = open_engine(warehouse, engine="delta-rs", create=False)
     if refresh_backlog:
         SubscriberClient(engine=engine).refresh_backlog()
     if spark is None:
