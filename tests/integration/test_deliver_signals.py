@@ -63,10 +63,17 @@ def push_setup(pub, topic, warehouse, ep, n=3000, **sub_args):
     return set(ids)
 
 
+def _first_problem(text):
+    """The log around the first error line (a --verbose run's tail is Spark's shutdown chatter)."""
+    lines = text.splitlines()
+    at = next((i for i, line in enumerate(lines) if re.search(r"Traceback|Exception|ERROR|Error:", line)), len(lines) - 40)
+    return "\n".join(lines[max(0, at - 10): at + 40])
+
+
 def check_clean_stop(job, out, err, signame):
     code = job.wait(120)
     stdout, stderr = out.read_text(), err.read_text()
-    assert code == 0, stderr[-4000:]
+    assert code == 0, _first_problem(stdout + stderr)
     m = SUMMARY.search(stdout)
     assert m and m["why"] == f"{signame} received", stdout[-3000:]
     assert "Traceback" not in stderr + stdout

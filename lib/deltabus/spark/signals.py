@@ -13,9 +13,10 @@ handlers cover a signal sent to the Python process alone (and a terminal's Ctrl-
 reaches both; ``policy.stopping`` counts that as one signal).
 
 Ctrl-C reaches the whole foreground process group. pyspark's daemon puts its workers (the
-push workers among them) in a group of their own, and the stream source's Python runner,
-which is in the JVM's group, runs with SIGINT ignored (its /proc status, checked here on
-Spark 4.1): neither is stopped under the driver.
+push workers among them) in a group of their own. The stream source's Python runner is in
+the JVM's group: it may inherit SIGINT ignored (a shell's background job does), but not
+from a terminal, and under load a Ctrl-C was seen to raise KeyboardInterrupt in it and fail
+the query. So ``spark.source`` ignores SIGINT in that process itself.
 
 A signal that arrives before the JVM handlers are installed (the first seconds of startup)
 still ends the JVM the default way: nothing has been leased by then.

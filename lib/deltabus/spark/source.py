@@ -178,6 +178,17 @@ class SimpleMessagesStreamReader(SimpleDataSourceStreamReader):
         pass
 
 
+def _ignore_terminal_interrupt() -> None:
+    """Spark runs a stream source's reader in a Python process of the driver JVM's own process
+    group, so a terminal's Ctrl-C reached it and killed the query before the job could stop
+    in order. The driver stops the query; this process ignores SIGINT (Spark ends it itself)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class MessagesSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -187,6 +198,7 @@ class MessagesSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _ignore_terminal_interrupt()  # called in the stream's source runner process
         # Spark uses streamReader() when implemented and falls back to simpleStreamReader()
         # on NOT_IMPLEMENTED: option reader=partitioned reads on executors (huge batches on a
         # cluster); the default reads keys on the driver, with no Spark tasks per trigger.
@@ -197,6 +209,7 @@ class MessagesSource(DataSource):
         return MessagesStreamReader(self.options)
 
     def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        _ignore_terminal_interrupt()
         return SimpleMessagesStreamReader(self.options)
 
 
