@@ -132,6 +132,13 @@ _HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _WHITESPACE = re.compile(r"[\s\x00-\x1f\x7f]")
 
 
+def endpoint_scheme(url: str) -> str:
+    """The URL's scheme, lower-cased: schemes are case-insensitive (RFC 3986 3.1), and yarl
+    accepts ``HTTP://``, so every http/https decision goes through this, never startswith."""
+    head, sep, _ = url.partition(":")
+    return head.lower() if sep else ""
+
+
 def check_push_endpoint(url: str, field: str = "push_config.push_endpoint") -> str:
     """An absolute http(s) URL with a valid host name or IP address, a port of 1..65535 and
     no user info, fragment or whitespace; return it unchanged.

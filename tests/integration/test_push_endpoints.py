@@ -50,3 +50,23 @@ def test_an_endpoint_stored_before_the_rule_still_reads_and_can_be_replaced(sub,
         sub.modify_push_config(subscription=name, push_config={"push_endpoint": old})
     sub.modify_push_config(subscription=name, push_config={"push_endpoint": "https://example.com:8443/push"})
     assert sub.get_subscription(subscription=name).push_config.push_endpoint == "https://example.com:8443/push"
+
+
+def test_the_scheme_is_case_insensitive_everywhere(sub, topic, warehouse):
+    from deltabus import SubscriberClient
+    from deltabus.push.job import endpoint_allowed
+
+    before = table_versions(warehouse)
+    name = sub.subscription_path("local", "upper")
+    for url in ("HTTP://127.0.0.1:1/push", "Http://example.com/push"):
+        with pytest.raises(InvalidArgument, match="allow_http"):  # not a way around the http refusal
+            sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": url})
+    assert table_versions(warehouse) == before
+    sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": "HTTPS://example.com/push"})
+    rec = sub._sub(name)
+    assert endpoint_allowed(rec, allow_http=False)  # pushed to, not skipped as "not https"
+    lenient = SubscriberClient(warehouse=warehouse, allow_http=True)
+    lenient.modify_push_config(subscription=name, push_config={"push_endpoint": "HTTP://127.0.0.1:1/push"})
+    rec = lenient._sub(name)
+    assert endpoint_allowed(rec, allow_http=True) and not endpoint_allowed(rec, allow_http=False)
+    lenient.close()

@@ -152,3 +152,11 @@ def test_endpoint_errors_never_echo_credentials_or_query_tokens():
     with pytest.raises(InvalidArgument) as e:
         check_push_endpoint("https://exa mple.com/push?token=s3cret")
     assert "s3cret" not in str(e.value)
+
+
+def test_endpoint_scheme_is_lower_cased_and_needs_a_colon():
+    from deltabus.validation import endpoint_scheme
+
+    assert endpoint_scheme("HTTPS://x/p") == "https"
+    assert endpoint_scheme("Http://x") == "http"
+    assert endpoint_scheme("no-scheme") == ""

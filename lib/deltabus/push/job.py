@@ -43,6 +43,7 @@ from ..leasing import _us, read_payloads
 from ..policy.pacing import CommitPacing, rate_after
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, open_engine
+from ..validation import endpoint_scheme
 from ..storage.tables import BACKLOG, DELIVERIES
 from . import plan
 from .auth import SigningKey, TokenSource
@@ -122,7 +123,8 @@ def _last_status(rows: pa.Table) -> str | None:
 
 def endpoint_allowed(sub: SubscriptionRecord, allow_http: bool) -> bool:
     endpoint = sub.push_config.push_endpoint
-    return endpoint.startswith("https://") or (allow_http and endpoint.startswith("http://"))
+    scheme = endpoint_scheme(endpoint)
+    return scheme == "https" or (allow_http and scheme == "http")
 
 
 class DeliveryJob:

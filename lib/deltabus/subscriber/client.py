@@ -19,6 +19,7 @@ from ..errors import ClientClosed, FailedPrecondition, InvalidArgument
 from ..pagers import ListSubscriptionsPager
 from ..policy.backoff import Backoff
 from ..registry import SubscriptionRecord
+from ..validation import endpoint_scheme
 from ..types import (
     MAX_ACK_DEADLINE,
     FlowControl,
@@ -65,7 +66,7 @@ class SubscriberClient(ClientBase):
 
     # -- validation helpers ------------------------------------------------------
     def _check_push(self, push: PushConfig) -> PushConfig:
-        if push.push_endpoint.startswith("http://") and not self._allow_http:
+        if endpoint_scheme(push.push_endpoint) == "http" and not self._allow_http:
             raise InvalidArgument(
                 "push_config.push_endpoint",
                 "must be https; plain http needs allow_http (conf) or DELTABUS_ALLOW_HTTP=1 (for localhost and tests)",
