@@ -24,6 +24,8 @@ import threading
 from typing import Any, Iterator, Mapping, NoReturn, Sequence, TextIO
 
 from .errors import DeltabusError, InvalidArgument, WarehouseNotFound
+from .jsonl import LineError
+from .validation import endpoint_scheme
 
 BATCH = 1000  # messages per commit of publish --file
 INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C (128 + SIGINT)
@@ -128,7 +130,7 @@ def _push_config(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.no_wrapper:
         cfg["no_wrapper"] = {"write_metadata": bool(args.write_metadata)}
     PushConfig.coerce(cfg)  # the URL's own rules first, then the scheme
-    if args.push_endpoint.lower().startswith("http://") and not _allow_http(args):
+    if endpoint_scheme(args.push_endpoint) == "http" and not _allow_http(args):
         raise InvalidArgument("--push-endpoint", "must be https; add --allow-http to allow plain http (meant for localhost and tests)")
     return cfg
 
@@ -516,6 +518,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, environ: Mapp
     except WarehouseNotFound as exc:
         return _fail(f"no warehouse at {exc.name} (from {args.warehouse_source}); "
                      "create one with 'deltabus init' or 'deltabus topics create'")
+    except LineError as exc:  # names its file and line already
+        return _fail(f"{exc.field}: {exc.rule}")
     except InvalidArgument as exc:
         return _fail(f"{_flag(exc.field, flags)}: {exc.rule}")
     except DeltabusError as exc:

@@ -29,6 +29,11 @@ from .validation import check_message
 FIELDS = ("data", "data_base64", "attributes", "ordering_key")
 
 
+class LineError(InvalidArgument):
+    """A bad line: ``field`` is ``SOURCE:LINE[: field]``, already in the user's terms, so a
+    caller must not map it onto its own flags (a file named ``topic.jsonl`` is not --topic)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Line:
     """One message read from a line: what to publish, and where it came from."""
@@ -148,8 +153,13 @@ def read_lines(
         try:
             text = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a leading BOM is allowed
         except UnicodeDecodeError as exc:
-            raise InvalidArgument(where, f"not UTF-8 text (byte {exc.start + 1})") from None
-        parsed = parse_line(text, where, attributes=attributes, ordering_key=ordering_key)
+            raise LineError(where, f"not UTF-8 text (byte {exc.start + 1})") from None
+        try:
+            parsed = parse_line(text, where, attributes=attributes, ordering_key=ordering_key)
+        except LineError:
+            raise
+        except InvalidArgument as exc:
+            raise LineError(exc.field, exc.rule) from None
         if parsed is not None:
             out.append(Line(n, *parsed))
     return out

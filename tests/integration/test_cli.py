@@ -307,3 +307,13 @@ def test_ctrl_c_during_publish_stops_between_commits_and_says_what_was_published
     assert 0 < done < total and done % 1000 == 0 and int(m.group(2)) == done
     sub = SubscriberClient(warehouse=warehouse)
     assert sub.get_backlog("projects/cli/subscriptions/events-sub").num_unacked_messages == done  # exactly what it said
+
+
+@pytest.mark.parametrize("filename", ["topic.jsonl", "warehouse.jsonl", "project.v1.jsonl"])
+def test_a_file_named_like_a_flag_is_still_named_with_its_line(capsys, events, tmp_path, monkeypatch, filename):
+    (tmp_path / filename).write_text('{"data": "fine"}\n{"attributes": ["a", "b"]}\n')
+    monkeypatch.chdir(tmp_path)  # a relative name, as typed: "topic.jsonl:2: ..." once looked like the flag TOPIC
+    before = table_versions(events)
+    _, err = deltabus(capsys, events, "publish", "events", "--file", filename, code=1)
+    assert err.strip() == f"deltabus: error: {filename}:2: attributes: must be an object of string values, got an array"
+    assert table_versions(events) == before
