@@ -79,7 +79,7 @@ def test_spark_submit_ships_the_library_and_settings():
     assert f"CONF {ROOT / 'conf' / 'deltabus.conf'}" in out.stdout
 
 
-def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(warehouse):
+def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(pub, warehouse):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
     out = subprocess.run([str(ROOT / "spark-submit.sh"), "--master", "local[1]", "jobs/deliver.py", "--warehouse", warehouse, "--until-idle"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

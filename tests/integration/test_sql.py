@@ -230,3 +230,6 @@ def test_session_on_a_missing_warehouse_is_not_found_and_creates_nothing(spark, 
     with pytest.raises(WarehouseNotFound, match="no warehouse at"):
         deltabus.spark.session(missing, spark=spark)
     assert not os.path.exists(missing)
+    # Explicit set-up (a notebook's fresh warehouse) creates it, and the views answer.
+    s = deltabus.spark.session(missing, spark=spark, create=True, refresh_backlog=False)
+    assert s.sql("select count(*) from topics").collect()[0][0] == 0

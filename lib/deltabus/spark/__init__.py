@@ -12,10 +12,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 
-def session(warehouse: str, *, spark: "SparkSession | None" = None, app_name: str = "deltabus") -> "SparkSession":
+def session(
+    warehouse: str,
+    *,
+    spark: "SparkSession | None" = None,
+    app_name: str = "deltabus",
+    refresh_backlog: bool = True,
+    create: bool = False,
+) -> "SparkSession":
+    """See ``deltabus.spark.sql.session``: SQL views over the warehouse's tables."""
     from .sql import session as _session
 
-    return _session(warehouse, spark=spark, app_name=app_name)
+    return _session(warehouse, spark=spark, app_name=app_name, refresh_backlog=refresh_backlog, create=create)
 
 
 def __getattr__(name: str) -> Any:  # lazy: keep `import deltabus.spark` free of pyspark imports

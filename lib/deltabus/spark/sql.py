@@ -71,17 +71,25 @@ def register(spark: "SparkSession", warehouse: str) -> str:
 
 
 def session(
-    warehouse: str, *, spark: "SparkSession | None" = None, app_name: str = "deltabus", refresh_backlog: bool = True
+    warehouse: str,
+    *,
+    spark: "SparkSession | None" = None,
+    app_name: str = "deltabus",
+    refresh_backlog: bool = True,
+    create: bool = False,
 ) -> "SparkSession":
     """A SparkSession on which topics, subscriptions, messages, deliveries and backlog are queryable.
 
     With `refresh_backlog` (the default) the backlog table is recomputed first, so ``backlog``
-    answers for pull-only warehouses too (a running push job also rewrites it every second)."""
+    answers for pull-only warehouses too (a running push job also rewrites it every second).
+
+    A missing warehouse raises ``WarehouseNotFound`` and nothing is created, so a mistyped
+    path is an error rather than an empty set of views; ``create=True`` (a notebook setting
+    up a fresh warehouse) creates it."""
     from ..storage import open_engine
     from ..subscriber.client import SubscriberClient
 
-    # A read: a mistyped path raises WarehouseNotFound instead of creating an empty warehouse.
-    engine = open_engine(warehouse, engine="delta-rs", create=False)
+    engine = open_engine(warehouse, engine="delta-rs", create=create)
     if refresh_backlog:
         SubscriberClient(engine=engine).refresh_backlog()
     if spark is None:
