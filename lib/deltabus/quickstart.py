@@ -90,9 +90,11 @@ def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) ->
         try:
             sub.create_subscription(name=path, topic=topic, push_config={"push_endpoint": endpoint.url})
         except AlreadyExists:
-            # An earlier run left it as a pull subscription of the same topic, so it holds every
-            # message published since (this run's pull demo too): ack those first, so that this
-            # run's push figures are this run's 500.
+            # An earlier run left it behind: as a pull subscription of the same topic, or still
+            # pushing to that run's (gone) endpoint if it was stopped mid-job. Either way it holds
+            # what was published since (this run's pull demo too): switch it to pull and ack
+            # those first, so that this run's push figures are this run's 500.
+            sub.modify_push_config(subscription=path, push_config={})
             left = _drain(sub, path, lambda _: None)
             if left:
                 say(f"acked {left} messages {path} got while it had no endpoint (since an earlier run)")
@@ -100,13 +102,15 @@ def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) ->
         say(f"push subscription {path} -> {endpoint.url}")
         ids = pub.publish_batch(topic, [types.PubsubMessage(data=f'{{"push": {i}}}'.encode(), attributes={"via": "push"}) for i in range(500)])
         say(f"published {len(ids)} messages for the push subscription")
-        summary = runner.run(spark, Settings(warehouse=warehouse, allow_http=True, trigger_interval=0.2), until_idle=True, max_seconds=120)
+        try:
+            summary = runner.run(spark, Settings(warehouse=warehouse, allow_http=True, trigger_interval=0.2), until_idle=True, max_seconds=120)
+        finally:
+            sub.modify_push_config(subscription=path, push_config={})  # its endpoint goes away with us: back to pull
         got = {p.message_id for p in endpoint.pushes}
         say(
             f"push job: {summary.delivered} pushed, {summary.acked} acked by the endpoint in {summary.batches} micro-batches "
             f"({summary.stopped_because}); the endpoint received {len(got & set(ids))} of {len(ids)}"
         )
-        sub.modify_push_config(subscription=path, push_config={})  # its endpoint goes away with us: back to pull
     pub.stop()
     sub.close()
     return len(got & set(ids)), summary.acked

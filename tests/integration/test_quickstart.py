@@ -37,6 +37,23 @@ def test_quickstart_publishes_pulls_and_acks_everything(spark, warehouse):
                for l in again_lines)
 
 
+def test_quickstart_recovers_a_push_subscription_left_by_an_interrupted_run(spark, warehouse):
+    # A run stopped mid push job leaves orders-push pushing to an endpoint that is gone.
+    from deltabus import PublisherClient, SubscriberClient
+
+    pub = PublisherClient(warehouse=warehouse)
+    sub = SubscriberClient(warehouse=warehouse, allow_http=True)
+    topic = pub.create_topic(name=pub.topic_path("quickstart", "orders")).name
+    sub.create_subscription(name=sub.subscription_path("quickstart", "orders-push"), topic=topic,
+                            push_config={"push_endpoint": "http://127.0.0.1:9/push"})
+    pub.stop()
+    sub.close()
+    lines: list[str] = []
+    result = quickstart.run(spark, warehouse, say=lines.append)
+    assert result["pushed"] == 500 and result["push_acked"] == 500 and result["unacked"] == 0
+    assert push_figures(lines) == (500, 500, 500, 500)
+
+
 def test_job_help():
     out = subprocess.run([sys.executable, str(ROOT / "jobs" / "quickstart.py"), "--help"], capture_output=True, text=True, check=True)
     assert "--warehouse" in out.stdout
