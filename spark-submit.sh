@@ -13,6 +13,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
+source "$ROOT/scripts/spark_master.sh"
 
 export SPARK_CONF_DIR="${SPARK_CONF_DIR:-$ROOT/conf}"
 export DELTABUS_CONF="${DELTABUS_CONF:-$ROOT/conf/deltabus.conf}"
@@ -57,19 +58,7 @@ fi
 # A local master's driver talks only to itself: bind it to 127.0.0.1. Otherwise Spark warns
 # on every start that the hostname resolves to a loopback address and picks another interface.
 if [ -z "${SPARK_LOCAL_IP:-}" ]; then
-  master=""
-  prev=""
-  for a in "$@"; do
-    case "$a" in
-      --master=*) master="${a#--master=}" ;;
-      *.py|*.jar) [ "$prev" != "--master" ] && break ;;
-    esac
-    [ "$prev" = "--master" ] && master="$a"
-    prev="$a"
-  done
-  if [ -z "$master" ] && [ -f "$SPARK_CONF_DIR/spark-defaults.conf" ]; then
-    master="$(awk '$1 == "spark.master" {print $2}' "$SPARK_CONF_DIR/spark-defaults.conf" | tail -1)"
-  fi
+  master="$(spark_master "$SPARK_CONF_DIR/spark-defaults.conf" "$@")"
   case "$master" in local*) export SPARK_LOCAL_IP=127.0.0.1 ;; esac
 fi
 exec "$ROOT/.venv/bin/spark-submit" "${ship[@]}" "$@"
