@@ -493,6 +493,10 @@ class DeliveryJob:
         self._drain_limits = (within, hurry)
         return self.process(None, None)
 
+    def unsettled(self) -> int:
+        """Pushes queued or held by a worker whose outcome has not come back."""
+        return 0 if self._pool is None else self._pool.dispatcher.outstanding()
+
     def close(self, wait: float = 15.0) -> None:
         """Stop the push workers, waiting up to `wait` seconds for them to end."""
         if self._pool is not None:

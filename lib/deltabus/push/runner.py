@@ -127,7 +127,10 @@ def run(
             job.drain(within=drain_seconds, hurry=hurry)
         finally:
             # The drain waited for the workers already; a hurried stop cancels them at once.
-            job.close(wait=0.0 if hurry is not None and hurry.is_set() else CLOSE_WAIT)
+            # So does a drain that ran out of time: what is still out hangs past the bound, and
+            # waiting CLOSE_WAIT more took a stop to 28 s here, at Kubernetes' 30 s grace.
+            hurried = (hurry is not None and hurry.is_set()) or job.unsettled() > 0
+            job.close(wait=0.0 if hurried else CLOSE_WAIT)
             if server is not None:
                 server.stop()
     log.info(

@@ -47,7 +47,9 @@ class StopRequest:
         self.stop = threading.Event()
         self.hurry = threading.Event()
         self._clock = clock
-        self._lock = threading.Lock()
+        # Reentrant: Python runs its signal handlers on the main thread between bytecodes, so
+        # a second signal can arrive while the first handler holds the lock.
+        self._lock = threading.RLock()
         self._state = StopSignals()
 
     @property
