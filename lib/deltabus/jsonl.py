@@ -62,6 +62,17 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads keeps the last of two equal keys silently; a line with two "data" (or two
+    attributes of one name) is a mistake to name, not a payload to guess at."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
 def parse_line(
     text: str,
     where: str,
@@ -78,7 +89,7 @@ def parse_line(
     if not text.strip():
         return None
     try:
-        obj = json.loads(text, parse_constant=_no_constants)
+        obj = json.loads(text, parse_constant=_no_constants, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise InvalidArgument(where, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
     except ValueError as exc:  # NaN, Infinity

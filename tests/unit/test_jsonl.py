@@ -62,6 +62,8 @@ def test_leading_bom_is_allowed():
         ('{"data": "x"', "events.jsonl:3", "not valid JSON"),
         ('{"data": NaN}', "events.jsonl:3", "not valid JSON: NaN"),
         ('["data"]', "events.jsonl:3", "must be a JSON object, got an array"),
+        ('{"data": "x", "data": "y"}', "events.jsonl:3", "the key 'data' appears twice"),
+        ('{"data": "x", "attributes": {"k": "1", "k": "2"}}', "events.jsonl:3", "the key 'k' appears twice"),
         ('{}', "events.jsonl:3: message", "non-empty data or at least one attribute"),
         ('{"data": "x", "attributes": {"googx": "v"}}', "events.jsonl:3: attributes['googx']", "reserved"),
         ('{"data": "\\ud800"}', "events.jsonl:3: data", "lone surrogates"),
