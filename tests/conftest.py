@@ -47,6 +47,14 @@ def sub(warehouse: str):
 
 
 @pytest.fixture
+def psub(warehouse: str):
+    """A subscriber allowed plain http endpoints (the push tests' endpoints on 127.0.0.1)."""
+    client = SubscriberClient(warehouse=warehouse, allow_http=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def topic(pub: PublisherClient) -> str:
     name = pub.topic_path("local", "orders")
     pub.create_topic(name=name)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from deltabus import SubscriberClient, config
+from deltabus import config
 from deltabus.push import runner
 from tests.endpoints import Behaviour, Endpoint
 from deltabus.storage.arrow import read_table
@@ -25,13 +25,6 @@ def settings(warehouse, **kw):
 def deliver(spark, warehouse, max_seconds=180, **kw):
     until_idle = kw.pop("until_idle", True)
     return runner.run(spark, settings(warehouse, **kw), until_idle=until_idle, max_seconds=max_seconds)
-
-
-@pytest.fixture
-def psub(warehouse):
-    client = SubscriberClient(warehouse=warehouse, allow_http=True)
-    yield client
-    client.close()
 
 
 def ids_of(endpoint):

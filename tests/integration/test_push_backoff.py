@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from deltabus import SubscriberClient, config
+from deltabus import config
 from deltabus.push.job import DeliveryJob
 from deltabus.storage.arrow import read_table
 from tests.endpoints import Behaviour, Endpoint
@@ -24,13 +24,6 @@ TRIGGER = 0.2
 
 def settings(warehouse):
     return config.Settings(warehouse=warehouse, allow_http=True, trigger_interval=TRIGGER, backlog_interval=0.2)
-
-
-@pytest.fixture
-def psub(warehouse):
-    client = SubscriberClient(warehouse=warehouse, allow_http=True)
-    yield client
-    client.close()
 
 
 def index_of(r):
