@@ -190,6 +190,27 @@ def test_callback_error_backs_off_logs_one_line_and_resolves_the_future(pub, top
     client.close()
 
 
+def test_a_callback_that_acks_then_raises_is_not_redelivered_and_says_so(pub, topic, warehouse, caplog):
+    client = SubscriberClient(warehouse=warehouse)
+    s = client.subscription_path("local", "acks-then-raises")
+    client.create_subscription(name=s, topic=topic)
+    [mid] = pub.publish_batch(topic, [{"data": b"x"}])
+
+    def callback(message):
+        message.ack()
+        raise ValueError("after the ack")
+
+    caplog.set_level(logging.INFO, logger="deltabus.subscriber.streaming_pull")
+    future = client.subscribe(s, callback)
+    with pytest.raises(ValueError, match="after the ack"):
+        future.result(timeout=30)
+    future.cancel()
+    assert wait_for(lambda: client.get_backlog(s).num_unacked_messages == 0)  # the ack stands
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and mid in r.getMessage()]
+    assert "acked or nacked the message already" in line and "redelivering" not in line
+    client.close()
+
+
 def test_clean_cancel_resolves_the_future_with_true(sub, subscription):
     future = sub.subscribe(subscription, lambda m: m.ack())
     assert not future.done()

@@ -197,9 +197,10 @@ class StreamingPullManager:
         # One line, no payload; the exception's own text is cut to one line and 200 chars.
         text = " ".join(str(exc).split())
         log.error(
-            "callback raised on %s for message %s (delivery attempt %d): %s: %s; redelivering in %ds",
+            "callback raised on %s for message %s (delivery attempt %d): %s: %s; %s",
             self._subscription, message.message_id, message.delivery_attempt, type(exc).__name__,
-            text[:200] + ("..." if len(text) > 200 else ""), delay if still_held else 0,
+            text[:200] + ("..." if len(text) > 200 else ""),
+            f"redelivering in {delay}s" if still_held else "it had acked or nacked the message already",
         )
         log.debug("traceback of the callback error for message %s on %s", message.message_id, self._subscription, exc_info=exc)
         self.future.resolve_with_callback_error(exc)
