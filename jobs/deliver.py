@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     from deltabus import config
-    from deltabus.errors import DeltabusError, InvalidArgument, WarehouseNotFound
-    from deltabus.storage import check_warehouse_path, warehouse_exists
+    from deltabus.errors import DeltabusError, InvalidArgument
+    from deltabus.storage import require_warehouse
     from deltabus.spark import console
 
     console.python_logging(args.verbose)
@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = config.load(args.conf or config.default_path()).with_overrides(**overrides)
         # Before Spark starts: a mistyped warehouse is one line, and nothing is created there.
-        check_warehouse_path(settings.warehouse, "--warehouse")
-        if not warehouse_exists(settings.warehouse):
-            raise WarehouseNotFound(settings.warehouse)
+        require_warehouse(settings.warehouse, field="--warehouse")
     except InvalidArgument as exc:  # name the flag when the bad value came from one
         field = f"--{exc.field.replace('_', '-')}" if overrides.get(exc.field) is not None else exc.field
         print(f"deliver: {field}: {exc.rule}", file=sys.stderr)

@@ -360,13 +360,12 @@ def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
-    from .storage import check_warehouse_path, warehouse_exists
+    from .storage import require_warehouse
     from .storage.maintenance import maintain_warehouse
 
     if args.retention_hours < 0:
         raise InvalidArgument("--retention-hours", f"must be >= 0, got {args.retention_hours}")
-    if not warehouse_exists(check_warehouse_path(args.warehouse)):
-        raise WarehouseNotFound(args.warehouse)
+    require_warehouse(args.warehouse)
     rows = maintain_warehouse(args.warehouse, retention_hours=args.retention_hours)
     print(_table(rows, ["table", "files_before", "files_after", "vacuumed", "compactions_skipped", "version"]), file=out)
 

@@ -43,8 +43,8 @@ from ..leasing import _us, read_payloads
 from ..policy.pacing import CommitPacing, rate_after
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, open_engine
-from ..validation import endpoint_scheme
 from ..storage.tables import BACKLOG, DELIVERIES
+from ..validation import endpoint_scheme
 from . import plan
 from .auth import SigningKey, TokenSource
 from .pool import PushPool
@@ -495,7 +495,7 @@ class DeliveryJob:
 
     def unsettled(self) -> int:
         """Pushes queued or held by a worker whose outcome has not come back."""
-        return 0 if self._pool is None else self._pool.dispatcher.outstanding()
+        return 0 if self._pool is None else self._pool.outstanding()
 
     def close(self, wait: float = 15.0) -> None:
         """Stop the push workers, waiting up to `wait` seconds for them to end."""

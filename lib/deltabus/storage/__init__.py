@@ -94,6 +94,17 @@ def warehouse_exists(warehouse: str, storage_options: Mapping[str, str] | None =
     return any(DeltaTable.is_deltatable(f"{base}/{spec.name}", storage_options=opts) for spec in ALL)
 
 
+def require_warehouse(
+    warehouse: str, storage_options: Mapping[str, str] | None = None, field: str = "warehouse"
+) -> str:
+    """The warehouse, checked (``check_warehouse_path``) and present; otherwise
+    ``WarehouseNotFound`` ("no warehouse at PATH"). Reads nothing else and writes nothing."""
+    check_warehouse_path(warehouse, field)
+    if not warehouse_exists(warehouse, storage_options):
+        raise WarehouseNotFound(warehouse)
+    return warehouse
+
+
 def open_engine(
     warehouse: str,
     *,
@@ -108,9 +119,10 @@ def open_engine(
     it a missing one raises ``WarehouseNotFound`` and nothing is written. Either way the
     tables a warehouse of an older version lacks are added.
     """
-    check_warehouse_path(warehouse)
-    if not create and not warehouse_exists(warehouse, storage_options):
-        raise WarehouseNotFound(warehouse)
+    if create:
+        check_warehouse_path(warehouse)
+    else:
+        require_warehouse(warehouse, storage_options)
     chosen = choose_engine(engine, spark)
     store: Engine
     if chosen == "delta-spark":
@@ -133,6 +145,7 @@ __all__ = [
     "open_engine",
     "check_warehouse_path",
     "warehouse_exists",
+    "require_warehouse",
     "choose_engine",
     "ENGINES",
     "DeltaRsEngine",
