@@ -208,7 +208,29 @@ class PushPool:
             log.info("cancelling the push workers (%d pushes unreported; their leases expire and they are redelivered)", held)
             self.spark.sparkContext.cancelJobGroup(POOL_GROUP)
             self._thread.join(10)
+            self._await_killed_tasks(10.0)
         self.server.stop()
+
+    def _await_killed_tasks(self, within: float) -> None:
+        """Wait until the cancelled job's tasks have really ended. The job is failed as soon as
+        the kill is sent, but a killed task still releases its broadcast lock when it ends; if
+        spark.stop() has removed the broadcast by then, Spark logs a 'Block broadcast_N does
+        not exist' trace (seen here on a second Ctrl-C during a drain)."""
+        tracker = self.spark.sparkContext.statusTracker()
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            stages = [
+                info
+                for job_id in tracker.getJobIdsForGroup(POOL_GROUP)
+                for job in [tracker.getJobInfo(job_id)]
+                if job is not None
+                for stage_id in job.stageIds
+                for info in [tracker.getStageInfo(stage_id)]
+                if info is not None
+            ]
+            if all(info.numActiveTasks == 0 for info in stages):
+                return
+            time.sleep(0.05)
 
     # -- the workers' Spark job -------------------------------------------------------
     def _run(self) -> None:
