@@ -14,7 +14,7 @@ import aiohttp
 import pyarrow as pa
 import pytest
 
-from deltabus.push.dispatcher import Dispatcher
+from deltabus.push.ledger import PushLedger
 from deltabus.push.pool import POOL_GROUP, PoolServer, PushPool
 from deltabus.push.sender import REQUEST_SCHEMA
 from deltabus.push.wire import AUTH_HEADER, PENDING_HEADER, WORKER_HEADER
@@ -53,7 +53,7 @@ class WorkerThread:
         self.join(30)
 
 
-def settle_all(d: Dispatcher, n: int, timeout: float = 30.0) -> pa.Table:
+def settle_all(d: PushLedger, n: int, timeout: float = 30.0) -> pa.Table:
     got, end = [], time.monotonic() + timeout
     while sum(t.num_rows for t in got) < n and time.monotonic() < end:
         got.append(d.collect().outcomes)
@@ -63,7 +63,7 @@ def settle_all(d: Dispatcher, n: int, timeout: float = 30.0) -> pa.Table:
 
 @pytest.fixture
 def server():
-    d = Dispatcher()
+    d = PushLedger()
     s = PoolServer(d, per_sub=64)
     yield s
     s.close()
@@ -72,23 +72,23 @@ def server():
 
 def test_a_worker_pushes_everything_and_reports_each_outcome(server):
     with Endpoint(Behaviour(lambda r, n: (204 if n % 10 else 500, 0.0))) as ep, WorkerThread(server.url, server.key, per_sub=64) as w:
-        server.dispatcher.submit("a", requests("a", ep.url, range(500)))
+        server.ledger.submit("a", requests("a", ep.url, range(500)))
         server.notify()
-        out = settle_all(server.dispatcher, 500)
+        out = settle_all(server.ledger, 500)
         server.close()
         assert w.join(30) and w.pushed == 500
     assert sorted(out["message_id"].to_pylist(), key=int) == [str(i) for i in range(500)]
     assert out["outcome"].to_pylist().count("nack") == 50 and set(out["status"].to_pylist()) == {204, 500}
     bodies = [json.loads(r.body) for r in ep.snapshot()]
     assert len(bodies) == 500 and {b["message"]["publishTime"] for b in bodies} == {"2026-11-22T12:00:00.250Z"}
-    assert server.dispatcher.outstanding() == 0
+    assert server.ledger.outstanding() == 0
 
 
 def test_a_slow_subscription_does_not_hold_back_a_fast_one_in_the_same_worker(server):
     with Endpoint(Behaviour(lambda r, n: (204, 3.0))) as slow, Endpoint() as fast, \
             WorkerThread(server.url, server.key, per_sub=64, concurrency=8) as w:
-        server.dispatcher.submit("slow", requests("slow", slow.url, range(200)))
-        server.dispatcher.submit("fast", requests("fast", fast.url, range(1000, 1400)))
+        server.ledger.submit("slow", requests("slow", slow.url, range(200)))
+        server.ledger.submit("fast", requests("fast", fast.url, range(1000, 1400)))
         server.notify()
         started = time.monotonic()
         while len(fast.snapshot()) < 400 and time.monotonic() - started < 20:
@@ -96,7 +96,7 @@ def test_a_slow_subscription_does_not_hold_back_a_fast_one_in_the_same_worker(se
         took = time.monotonic() - started
         assert len(fast.snapshot()) == 400
         assert len(slow.snapshot()) <= 16  # two rounds of its 8 senders at most
-        server.dispatcher.drop_queued()
+        server.ledger.drop_queued()
         server.close()
         w.join(30)
     assert took < 3.0 * 2  # not paced by the slow endpoint's 3 s answers
@@ -107,10 +107,10 @@ def test_a_push_whose_lease_ran_out_while_it_waited_is_not_sent(server):
     past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
     future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60)
     with Endpoint() as ep, WorkerThread(server.url, server.key, per_sub=64) as w:
-        server.dispatcher.submit("a", requests("a", ep.url, range(5), lease_expires=past))
-        server.dispatcher.submit("a", requests("a", ep.url, range(5, 8), lease_expires=future))
+        server.ledger.submit("a", requests("a", ep.url, range(5), lease_expires=past))
+        server.ledger.submit("a", requests("a", ep.url, range(5, 8), lease_expires=future))
         server.notify()
-        out = settle_all(server.dispatcher, 8)
+        out = settle_all(server.ledger, 8)
         server.close()
         assert w.join(30) and w.pushed == 3
     outcome = dict(zip(out["message_id"].to_pylist(), out["outcome"].to_pylist()))
@@ -130,7 +130,7 @@ def test_the_pool_server_refuses_a_wrong_key_and_bad_counts(server):
 
 
 def test_a_worker_whose_driver_is_gone_stops_on_its_own():
-    d = Dispatcher()
+    d = PushLedger()
     s = PoolServer(d)
     url, key = s.url, s.key
     s.stop()  # the driver died: nothing answers any more
@@ -146,7 +146,7 @@ def test_the_pool_job_delivers_and_comes_back_after_its_spark_job_is_cancelled(s
         try:
             assert pool.workers == 1  # the test session is local[2]: one slot stays for micro-batches
             pool.submit("a", requests("a", ep.url, range(300)))
-            out = settle_all(pool.dispatcher, 300, timeout=60)
+            out = settle_all(pool.ledger, 300, timeout=60)
             assert out.num_rows == 300 and set(out["outcome"].to_pylist()) == {"ack"}
             # An executor lost: the workers' Spark job fails; the pool starts it again.
             spark.sparkContext.cancelJobGroup(POOL_GROUP)
@@ -155,7 +155,7 @@ def test_the_pool_job_delivers_and_comes_back_after_its_spark_job_is_cancelled(s
                 time.sleep(0.1)
             assert pool.restarts == 1
             pool.submit("a", requests("a", ep.url, range(300, 400)))
-            later = settle_all(pool.dispatcher, 100, timeout=60)
+            later = settle_all(pool.ledger, 100, timeout=60)
             assert sorted(later["message_id"].to_pylist(), key=int) == [str(i) for i in range(300, 400)]
         finally:
             pool.close()

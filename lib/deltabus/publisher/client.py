@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from .. import names, pagination
 from .._closing import refused_when_closed
 from .._common import ClientBase
-from .._requests import fields, required
+from .._call_args import fields, required
 from ..errors import ClientClosed, InvalidArgument, OrderingNotEnabled
 from ..pagers import ListTopicsPager, ListTopicSubscriptionsPager
 from ..publishing import OutgoingMessage, append, build_rows, from_arrow

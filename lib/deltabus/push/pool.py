@@ -2,7 +2,7 @@
 
 Started once per push job: one Spark job (``mapInArrow`` over ``workers`` partitions) whose
 tasks are push workers (``worker.Worker``) that live as long as the job does. The driver
-serves them work from the ``Dispatcher`` on a small HTTP server (127.0.0.1 on a local
+serves them work from the ``PushLedger`` (``ledger.py``) on a small HTTP server (127.0.0.1 on a local
 master; ``spark.driver.host`` on a cluster, the address executors already reach the
 driver at). Every request carries a random key made for this run, so nothing else on the
 network can take pushes or report outcomes.
@@ -33,7 +33,7 @@ from aiohttp import web
 
 from .._server_thread import ServerThread
 from ..errors import InvalidArgument
-from .dispatcher import Collected, Dispatcher
+from .ledger import Collected, PushLedger
 from .sender import MAX_CONCURRENCY
 from .wire import AUTH_HEADER, PENDING_HEADER, RESULT_SCHEMA, WORKER_HEADER, from_ipc, to_ipc
 from .worker import PER_SUB_ROWS, pool_partition
@@ -60,11 +60,11 @@ def pool_size(wanted: int, slots: int) -> int:
 
 
 class PoolServer:
-    """The driver's HTTP side: hands out work from a Dispatcher and takes outcomes back."""
+    """The driver's HTTP side: hands out work from a PushLedger and takes outcomes back."""
 
-    def __init__(self, dispatcher: Dispatcher, *, host: str = "127.0.0.1", advertise: str | None = None,
+    def __init__(self, ledger: PushLedger, *, host: str = "127.0.0.1", advertise: str | None = None,
                  per_sub: int = PER_SUB_ROWS, key: str | None = None) -> None:
-        self.dispatcher = dispatcher
+        self.ledger = ledger
         self.per_sub = per_sub
         self.key = key or secrets.token_urlsafe(32)
         self.closing = False
@@ -105,7 +105,7 @@ class PoolServer:
             return web.Response(status=400, text=f"{PENDING_HEADER}: must be a JSON object of counts")
         end = time.monotonic() + LONG_POLL
         while True:
-            table = self.dispatcher.hand_out(worker, held, per_sub=self.per_sub, limit=HAND_OUT_LIMIT)
+            table = self.ledger.hand_out(worker, held, per_sub=self.per_sub, limit=HAND_OUT_LIMIT)
             if table is not None:
                 return web.Response(body=to_ipc(table), content_type="application/vnd.apache.arrow.stream")
             if self.closing:
@@ -113,7 +113,7 @@ class PoolServer:
             left = end - time.monotonic()
             # Long-poll only a worker that holds nothing: a busy one must get back to its
             # sends and ask again when it runs low.
-            if any(held.values()) or self.dispatcher.has_queued() or left <= 0:
+            if any(held.values()) or self.ledger.has_queued() or left <= 0:
                 return web.Response(status=204)
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.add(fut)
@@ -131,7 +131,7 @@ class PoolServer:
             results = from_ipc(await request.read(), RESULT_SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as exc:
             return web.Response(status=400, text=f"outcomes: not an Arrow stream of results ({type(exc).__name__})")
-        self.dispatcher.settle(results)
+        self.ledger.settle(results)
         return web.Response(status=204)
 
 
@@ -141,7 +141,7 @@ class PushPool:
         spark: "SparkSession",
         *,
         workers: int,
-        dispatcher: Dispatcher | None = None,
+        ledger: PushLedger | None = None,
         concurrency: int = MAX_CONCURRENCY,
         per_sub: int = PER_SUB_ROWS,
         clock: Callable[[], float] = time.monotonic,
@@ -149,14 +149,14 @@ class PushPool:
         self.spark = spark
         sc = spark.sparkContext
         self.workers = pool_size(workers, sc.defaultParallelism)
-        self.dispatcher = dispatcher or Dispatcher(clock=clock)
+        self.ledger = ledger or PushLedger(clock=clock)
         self.concurrency = concurrency
         if sc.master.startswith("local"):
             advertise = bind = "127.0.0.1"
         else:
             advertise = spark.conf.get("spark.driver.host")
             bind = spark.conf.get("spark.driver.bindAddress", advertise) or advertise
-        self.server = PoolServer(self.dispatcher, host=bind, advertise=advertise, per_sub=per_sub)
+        self.server = PoolServer(self.ledger, host=bind, advertise=advertise, per_sub=per_sub)
         self._closing = False
         self.restarts = 0  # times the workers' Spark job was started again
         self._thread = threading.Thread(target=self._run, name="deltabus-push-workers", daemon=True)
@@ -165,23 +165,23 @@ class PushPool:
 
     # -- the job's side ---------------------------------------------------------------
     def submit(self, sub_uid: str, requests: pa.Table) -> None:
-        self.dispatcher.submit(sub_uid, requests)
+        self.ledger.submit(sub_uid, requests)
         self.server.notify()
 
     def collect(self) -> Collected:
-        return self.dispatcher.collect()
+        return self.ledger.collect()
 
     def outstanding(self) -> int:
-        return self.dispatcher.outstanding()
+        return self.ledger.outstanding()
 
     def queued(self) -> int:
-        return self.dispatcher.queued()
+        return self.ledger.queued()
 
     def wait_settled(self, timeout: float, cancel: threading.Event | None = None) -> bool:
         """Wait until every queued or handed-out request is settled (or given up on), at most
         `timeout` seconds, or until `cancel` is set. Whether all were settled."""
         end = time.monotonic() + timeout
-        while self.dispatcher.outstanding():
+        while self.ledger.outstanding():
             if time.monotonic() >= end or (cancel is not None and cancel.is_set()):
                 return False
             time.sleep(0.02)
@@ -191,7 +191,7 @@ class PushPool:
         """The job is stopping: nothing more goes to the workers. Requests still queued are
         dropped (leased in Delta, they come back when their leases expire); each worker
         finishes what it holds, reports it and ends. How many were dropped."""
-        dropped = self.dispatcher.drop_queued()
+        dropped = self.ledger.drop_queued()
         if dropped:
             log.info("%d queued pushes not sent; their leases expire and they are redelivered", dropped)
         self._closing = True
@@ -204,7 +204,7 @@ class PushPool:
         self.stop_handing_out()
         self._thread.join(wait)
         if self._thread.is_alive():
-            held = self.dispatcher.outstanding()
+            held = self.ledger.outstanding()
             log.info("cancelling the push workers (%d pushes unreported; their leases expire and they are redelivered)", held)
             self.spark.sparkContext.cancelJobGroup(POOL_GROUP)
             self._thread.join(10)
@@ -250,7 +250,7 @@ class PushPool:
                 if self._closing:
                     return
                 log.error("push workers failed: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            lost = self.dispatcher.workers_gone()
+            lost = self.ledger.workers_gone()
             if lost:
                 log.error("%d pushes were with the failed workers; their leases expire and they are redelivered", lost)
             failures += 1

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .. import ackid, backlog, leasing, names, pagination
 from .._closing import refused_when_closed
 from .._common import ClientBase
-from .._requests import fields, required
+from .._call_args import fields, required
 from ..errors import ClientClosed, FailedPrecondition, InvalidArgument
 from ..pagers import ListSubscriptionsPager
 from ..policy.backoff import Backoff

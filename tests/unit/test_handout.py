@@ -1,6 +1,6 @@
 import pytest
 
-from deltabus.policy.dispatch import allocate
+from deltabus.policy.handout import allocate
 
 
 def test_fills_each_subscription_up_to_its_cap():

@@ -4,7 +4,7 @@ import datetime as dt
 
 import pyarrow as pa
 
-from deltabus.push.dispatcher import Dispatcher
+from deltabus.push.ledger import PushLedger
 from deltabus.push.sender import REQUEST_SCHEMA
 from deltabus.push.wire import RESULT_SCHEMA
 
@@ -36,7 +36,7 @@ def results(work: pa.Table, outcome: str = "ack") -> pa.Table:
 
 
 def test_hand_out_respects_each_subscriptions_cap_and_the_limit():
-    d = Dispatcher(clock=Clock())
+    d = PushLedger(clock=Clock())
     d.submit("a", requests("a", range(100)))
     d.submit("b", requests("b", range(100, 110)))
     assert d.queued() == 110
@@ -50,7 +50,7 @@ def test_hand_out_respects_each_subscriptions_cap_and_the_limit():
 
 
 def test_settled_outcomes_are_collected_once_and_clear_the_ledger():
-    d = Dispatcher(clock=Clock())
+    d = PushLedger(clock=Clock())
     d.submit("a", requests("a", range(10)))
     work = d.hand_out("w1", {}, per_sub=100, limit=100)
     d.settle(results(work.slice(0, 4)))
@@ -64,7 +64,7 @@ def test_settled_outcomes_are_collected_once_and_clear_the_ledger():
 
 def test_unreported_work_is_lost_after_its_deadline_plus_grace():
     clock = Clock()
-    d = Dispatcher(grace=30.0, clock=clock)
+    d = PushLedger(grace=30.0, clock=clock)
     d.submit("a", requests("a", range(3), timeout=10.0))
     work = d.hand_out("w1", {}, per_sub=100, limit=100)
     d.settle(results(work.slice(0, 1)))
@@ -80,7 +80,7 @@ def test_unreported_work_is_lost_after_its_deadline_plus_grace():
 
 def test_queued_work_is_lost_once_its_lease_has_expired():
     clock = Clock()
-    d = Dispatcher(clock=clock)
+    d = PushLedger(clock=clock)
     d.submit("a", requests("a", range(2), timeout=10.0))
     clock.t += 10.0
     assert sorted(d.collect().lost) == [("a", "0"), ("a", "1")]
@@ -88,7 +88,7 @@ def test_queued_work_is_lost_once_its_lease_has_expired():
 
 
 def test_a_gone_worker_loses_only_what_it_held():
-    d = Dispatcher(clock=Clock())
+    d = PushLedger(clock=Clock())
     d.submit("a", requests("a", range(4)))
     d.hand_out("w1", {}, per_sub=2, limit=100)
     d.hand_out("w2", {}, per_sub=2, limit=100)
@@ -98,7 +98,7 @@ def test_a_gone_worker_loses_only_what_it_held():
 
 
 def test_drop_queued_forgets_only_what_no_worker_has():
-    d = Dispatcher(clock=Clock())
+    d = PushLedger(clock=Clock())
     d.submit("a", requests("a", range(5)))
     d.hand_out("w1", {}, per_sub=2, limit=100)
     assert d.drop_queued() == 3
@@ -106,7 +106,7 @@ def test_drop_queued_forgets_only_what_no_worker_has():
 
 
 def test_large_queues_are_split_across_hand_outs_in_order():
-    d = Dispatcher(clock=Clock())
+    d = PushLedger(clock=Clock())
     d.submit("a", requests("a", range(5)))
     d.submit("a", requests("a", range(5, 8)))
     first = d.hand_out("w1", {}, per_sub=6, limit=100)

@@ -1,4 +1,10 @@
-"""google-cloud-pubsub style calls: either ``request={...}`` or keyword fields, never both."""
+"""Call arguments, google-cloud-pubsub style: either ``request={...}`` or keyword fields, never both.
+
+The client methods (publisher and subscriber) take their fields either way; ``fields`` turns
+the call into one dict of the fields given and rejects a mix, a non-mapping or unknown names
+(``InvalidArgument`` naming ``request``); ``required`` names a missing one. Nothing here is
+about HTTP requests (hence no longer ``_requests.py``).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The driver's ledger of pushes: queued, handed to a worker, settled, or lost. No I/O.
+"""The driver's ledger of pushes (``PushLedger``): queued, handed to a worker, settled, or lost. No I/O.
 
 The push job queues the requests of each micro-batch's leases here; push workers take
 them in *assignments* and report an outcome per request. The job collects outcomes (and
@@ -8,7 +8,10 @@ its worker never reported it within its deadline plus ``grace``, or when its wor
 gone. Lost requests are only forgotten, never pushed on purpose again: their leases expire
 in Delta and the normal redelivery takes over.
 
-Thread-safe: the job's thread queues and collects, the pool's HTTP server hands out and settles.
+Thread-safe: the job's thread queues and collects, the pool's HTTP server thread hands out
+and settles; every method takes the one lock. How much of each subscription goes into one
+assignment is ``policy/handout.py``'s decision. (Formerly ``dispatcher.py``/``Dispatcher``: it
+dispatches nothing itself, workers pull from it.)
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..policy.dispatch import allocate
+from ..policy.handout import allocate
 from .wire import RESULT_SCHEMA, WORK_SCHEMA
 
 Key = tuple[str, str]  # (sub_uid, message_id)
@@ -47,7 +50,9 @@ class Collected:
     lost: list[Key] = field(default_factory=list)
 
 
-class Dispatcher:
+class PushLedger:
+    """Every push the job queued and not yet settled or given up on; see the module docstring."""
+
     def __init__(self, *, grace: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.grace = grace
         self._clock = clock

@@ -1,4 +1,8 @@
-"""How much of each subscription's queued pushes the driver hands one push worker. No I/O."""
+"""Hand-out policy: what share of each subscription's queued pushes one push worker gets. No I/O.
+
+Pure: the ledger (``push/ledger.py``) asks it how many rows of each subscription go into the
+next assignment of a worker, given what that worker already holds. Formerly ``policy/dispatch.py``.
+"""
 
 from __future__ import annotations
 
