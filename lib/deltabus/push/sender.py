@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from ..storage.tables import STR_MAP, TS
 from .body import ACK_STATUSES, rfc3339_column, unwrapped_headers, wrapped
+from .outcome import ACK, ERROR, NACK, TIMEOUT, PushOutcome
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ OUTCOME_SCHEMA = pa.schema(
         pa.field("message_id", pa.string()),
         pa.field("delivery_attempt", pa.int32()),
         pa.field("status", pa.int32()),  # HTTP status; 0 when there was no answer
-        pa.field("outcome", pa.string()),  # ack | nack | timeout | error | expired (not sent: lease over)
+        pa.field("outcome", pa.string()),  # a PushOutcome (outcome.py): ack | nack | timeout | error | expired
         pa.field("latency_seconds", pa.float64()),
         # Why a push failed without an HTTP answer (error_class): "connection refused", "tls", ...;
         # empty otherwise. A closed set of words, never the exception's text (it may hold a URL).
@@ -161,7 +162,7 @@ def error_class(exc: BaseException) -> str:
     return "error"
 
 
-async def send(session: aiohttp.ClientSession, req: Request) -> tuple[int, str, float, str]:
+async def send(session: aiohttp.ClientSession, req: Request) -> tuple[int, PushOutcome, float, str]:
     """POST one request; (HTTP status or 0, outcome, seconds, error class or "")."""
     body, headers = _request(req)
     # Latency is the endpoint's: measured from when the request really goes out.
@@ -170,20 +171,20 @@ async def send(session: aiohttp.ClientSession, req: Request) -> tuple[int, str, 
         async with session.post(req.endpoint, data=body, headers=headers, timeout=_timeout(req.timeout_seconds)) as resp:
             await resp.read()
             status = resp.status
-        return status, ("ack" if status in ACK_STATUSES else "nack"), time.monotonic() - started, ""
+        return status, (ACK if status in ACK_STATUSES else NACK), time.monotonic() - started, ""
     except asyncio.TimeoutError:
-        return 0, "timeout", time.monotonic() - started, ""
+        return 0, TIMEOUT, time.monotonic() - started, ""
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         log.debug("push to %s for %s failed: %s", req.subscription, req.message_id, type(exc).__name__)
-        return 0, "error", time.monotonic() - started, error_class(exc)
+        return 0, ERROR, time.monotonic() - started, error_class(exc)
 
 
-async def send_all(rows: Sequence[Mapping[str, Any]], concurrency: int = MAX_CONCURRENCY) -> list[tuple[int, str, float, str]]:
+async def send_all(rows: Sequence[Mapping[str, Any]], concurrency: int = MAX_CONCURRENCY) -> list[tuple[int, PushOutcome, float, str]]:
     """POST every row (a mapping of REQUEST_SCHEMA's fields) with at most `concurrency`
     requests open; results in row order. For one-off sends and tests; the push job's
     workers keep their own session and queues (``worker.py``)."""
     reqs = [Request(**{f: row[f] for f in Request._fields if f in row}) for row in rows]
-    results: list[tuple[int, str, float, str]] = [(0, "error", 0.0, "error")] * len(reqs)
+    results: list[tuple[int, PushOutcome, float, str]] = [(0, ERROR, 0.0, "error")] * len(reqs)
     todo = iter(range(len(reqs)))
     connector = aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:

@@ -16,18 +16,19 @@ from typing import Iterable
 
 from ..policy.push_backoff import WINDOW_SECONDS, PushBackoff
 from ..policy.push_window import PushWindow
+from .outcome import ANSWERED, SELF_DESCRIBED, PushOutcome
 
 TOP_REASONS = 3  # error classes named in a log line
 # Re-log a subscription still in backoff when its delay has moved this much since the last line.
 DELAY_RELOG_FACTOR = 4.0
 
 
-def reason_of(outcome: str, status: int, error: str | None) -> str:
+def reason_of(outcome: PushOutcome, status: int, error: str | None) -> str:
     """The short description of one push outcome: ``http 204``, ``http 503``, ``timeout``,
     ``expired`` or the error class of a push that got no HTTP answer."""
-    if outcome in ("ack", "nack"):
+    if outcome in ANSWERED:
         return f"http {status}"
-    if outcome in ("timeout", "expired"):
+    if outcome in SELF_DESCRIBED:
         return outcome
     return error or "error"
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 import aiohttp
 import pyarrow as pa
 
+from .outcome import ERROR, EXPIRED, PushOutcome
 from .sender import MAX_CONCURRENCY, Request, requests_of, send
 from .wire import AUTH_HEADER, PENDING_HEADER, RESULT_SCHEMA, WORK_SCHEMA, WORKER_HEADER, from_ipc, to_ipc
 
@@ -109,22 +110,22 @@ class Worker:
             if req.lease_expires is not None and self._wall() >= req.lease_expires:
                 # Waited here past its lease (a slow endpoint, a full worker): the message is
                 # due again under a new attempt, so sending this one would push it twice.
-                status, outcome, latency, error = 0, "expired", 0.0, ""
+                status, outcome, latency, error = 0, EXPIRED, 0.0, ""
             else:
                 status, outcome, latency, error = await self._send(req)
             # self._outbox, not a local: the report loop swaps in a new list.
             self._outbox.append((req.sub_uid, req.message_id, req.delivery_attempt, status, outcome, latency, error, aid))
             sub.held -= 1
-            self.pushed += outcome != "expired"
+            self.pushed += outcome != EXPIRED
             if sub.held == self.low_water or sub.held == 0:
                 self._room.set()
 
-    async def _send(self, req: Request) -> tuple[int, str, float, str]:
+    async def _send(self, req: Request) -> tuple[int, PushOutcome, float, str]:
         try:
             return await send(self._session, req)
         except Exception as exc:  # a bug, not the endpoint: report it as failed, keep going
             log.error("push worker: sending failed unexpectedly: %s", type(exc).__name__)
-            return 0, "error", 0.0, "error"
+            return 0, ERROR, 0.0, "error"
 
     @property
     def busy(self) -> bool:
