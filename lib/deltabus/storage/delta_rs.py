@@ -19,7 +19,7 @@ from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .maintenance import AutoCompact, compact, file_count
-from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_list
+from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, TableSpec
 
 log = logging.getLogger(__name__)
@@ -222,10 +222,14 @@ class DeltaRsSnapshot:
         self._wrote(source)
         return metrics
 
-    def append(self, data: pa.Table) -> None:
+    def append(self, data: pa.Table, app_txn: AppTxn | tuple[str, int] | None = None) -> None:
+        """Append `data` on this snapshot's handle, with `app_txn` in the same commit (the
+        handle that ``txn_done`` read: a commit since is a lost race delta-rs retries, or a
+        conflict when it carried the same app id)."""
         self._check()
         self._committed = True
-        write_deltalake(self._dt, data, mode="append")
+        props = CommitProperties(app_transactions=[Transaction(app_txn[0], int(app_txn[1]))]) if app_txn else None
+        write_deltalake(self._dt, data, mode="append", commit_properties=props)
         self._wrote(data)
 
     def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None:
@@ -282,7 +286,11 @@ class DeltaRsEngine:
         max_conflict_seconds: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
         auto_compact: AutoCompact | None = AutoCompact(),
+        extra_tables: Sequence[TableSpec] = (),
     ) -> None:
+        """`extra_tables`: tables beyond the warehouse's own that snapshots, transact and
+        append may name (the caller creates them; ``ensure_tables`` does not), e.g. a
+        feature's or a test's own tables used with ``keyed_steps``."""
         if "://" not in warehouse:
             warehouse = os.path.abspath(warehouse)
         self.warehouse = warehouse.rstrip("/")
@@ -293,6 +301,7 @@ class DeltaRsEngine:
         self._auto_compact = auto_compact
         self._local = threading.local()
         self._stats_cache: dict[str, tuple[int, pa.Table]] = {}  # table -> (version, add actions)
+        self._specs: dict[str, TableSpec] = {**BY_NAME, **{t.name: t for t in extra_tables}}
 
     def table_uri(self, table: str) -> str:
         return f"{self.warehouse}/{table}"
@@ -354,7 +363,7 @@ class DeltaRsEngine:
         return dt
 
     def snapshot(self, table: str) -> DeltaRsSnapshot:
-        return DeltaRsSnapshot(BY_NAME[table], self._handle(table), self.table_uri(table), self._stats_cache)
+        return DeltaRsSnapshot(self._specs[table], self._handle(table), self.table_uri(table), self._stats_cache)
 
     def version(self, table: str) -> int:
         return self._handle(table).version()
@@ -398,11 +407,22 @@ class DeltaRsEngine:
             except CommitFailedError:
                 log.debug("compaction of %s %s lost to a concurrent commit; the next one will retry", spec.name, part)
 
-    def append(self, table: str, data: pa.Table) -> None:
+    def append(self, table: str, data: pa.Table, *, app_txn: AppTxn | tuple[str, int] | None = None) -> bool:
         """Append (a blind append: it never conflicts semantically, only races for a version).
 
         delta-rs retries a lost version race 15 times back to back, which many concurrent
         publishers can exhaust; retry the whole append with jittered backoff after that.
         A failed attempt left no log entry, so a retry cannot duplicate rows.
+
+        With `app_txn`: skipped (False) when the table records the app id at that version or
+        later, checked on the snapshot the append then commits on; a concurrent commit of the
+        same app id makes this one conflict, and the rerun finds it done.
         """
-        self.transact(table, lambda snap: snap.append(data), what=f"append to {table}")
+
+        def attempt(snap: DeltaRsSnapshot) -> bool:
+            if app_txn is not None and txn_done(snap, app_txn):
+                return False
+            snap.append(data, app_txn)
+            return True
+
+        return self.transact(table, attempt, what=f"append to {table}")

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import plain
-from .engine import Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_list
+from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, TableSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -188,9 +188,16 @@ class DeltaSparkSnapshot:
         row = metrics.first() if metrics is not None else None
         return {k: int(v) for k, v in (row.asDict().items() if row is not None else ()) if v is not None}
 
-    def append(self, data: pa.Table) -> None:
-        self._claim()
-        self._engine.write(self._spec.name, data, "append")
+    def append(self, data: pa.Table, app_txn: AppTxn | tuple[str, int] | None = None) -> None:
+        """Append `data`, with `app_txn` (delta-spark's ``txnAppId``/``txnVersion`` writer
+        options) in the same commit. With an app transaction only a change of that app id
+        since the snapshot makes it stale: appends conflict with nothing else."""
+        if app_txn is None:
+            self._claim()
+            self._engine.write(self._spec.name, data, "append")
+            return
+        self._claim([], [app_txn[0]])
+        self._engine.write(self._spec.name, data, "append", (app_txn[0], int(app_txn[1])))
 
     def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None:
         self._claim()
@@ -356,9 +363,25 @@ class DeltaSparkEngine:
                 self._sleep(self._backoff.delay(attempt, random.random()))
                 attempt += 1
 
-    def append(self, table: str, data: pa.Table) -> None:
-        """A blind append: Delta resolves version races itself, and appends never conflict."""
-        self.write(table, data, "append")
+    def append(self, table: str, data: pa.Table, *, app_txn: AppTxn | tuple[str, int] | None = None) -> bool:
+        """A blind append: Delta resolves version races itself, and appends never conflict.
+
+        With `app_txn`: skipped (False) when the table records the app id at that version or
+        later (checked on the snapshot's log, then committed only if that app id has not moved
+        since; delta-spark itself also skips a ``txnVersion`` it has already recorded).
+        """
+        if app_txn is None:
+            self.write(table, data, "append")
+            return True
+        txn = app_txn
+
+        def attempt(snap: DeltaSparkSnapshot) -> bool:
+            if txn_done(snap, txn):
+                return False
+            snap.append(data, txn)
+            return True
+
+        return self.transact(table, attempt, what=f"append to {table}")
 
 
 def _spark_schema(spec: TableSpec) -> Any:

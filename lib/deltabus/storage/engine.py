@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, Union
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, TypeVar, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +37,27 @@ class NotMatchedInsert:
 
 
 Clause = Union[MatchedUpdate, MatchedDelete, NotMatchedInsert]
+
+
+class AppTxn(NamedTuple):
+    """A Delta application transaction: `app_id` has reached `version` on a table.
+
+    Versions of one app id only grow; a write carrying (app_id, v) is done once the table
+    records app_id at v or later. delta-rs records it but does not skip a repeat (measured:
+    re-committing version 5 appended the rows again), so ``txn_done`` is checked on the snapshot
+    the write then commits on. Two commits carrying one app id conflict (measured, delta-rs
+    1.6.6: the second fails with "Concurrent transaction failed"), so of two racing writers
+    one reruns and then finds the version done.
+    """
+
+    app_id: str
+    version: int
+
+
+def txn_done(snap: "Snapshot", txn: AppTxn | tuple[str, int]) -> bool:
+    """Whether `snap`'s table already records `txn`'s app id at its version or later."""
+    have = snap.txn_version(txn[0])
+    return have is not None and have >= int(txn[1])
 
 
 def literal(value: str) -> str:
@@ -85,6 +106,11 @@ class Snapshot(Protocol):
 
     def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None: ...
 
+    def append(self, data: pa.Table, app_txn: AppTxn | tuple[str, int] | None = None) -> None:
+        """Append `data`, recording `app_txn` in the same commit. Skips nothing itself:
+        callers check ``txn_done`` on this snapshot first (``Engine.append`` does)."""
+        ...
+
     def delete(self, predicate: str) -> None: ...
 
     def overwrite(self, data: pa.Table) -> None: ...
@@ -108,7 +134,14 @@ class Engine(Protocol):
 
     def transact(self, table: str, fn: Callable[[Snapshot], T], *, what: str) -> T: ...
 
-    def append(self, table: str, data: pa.Table) -> None: ...
+    def append(self, table: str, data: pa.Table, *, app_txn: AppTxn | tuple[str, int] | None = None) -> bool:
+        """Append `data` to `table` (a blind append: it never conflicts with other appends).
+
+        With `app_txn` the append is idempotent: it commits together with the application
+        transaction, and is skipped (returns False) when the table already records that app
+        id at that version or later. Returns whether rows were committed.
+        """
+        ...
 
     def version(self, table: str) -> int: ...
 
