@@ -69,7 +69,7 @@ class _Watch:
     def __init__(self, wh: str, sub_uid: str) -> None:
         from deltalake import DeltaTable
 
-        from deltabus.leasing import cursor_app_id
+        from deltabus.delivery.cursor import cursor_app_id
 
         self._dt = DeltaTable(f"{wh}/deliveries")
         self._uid = sub_uid

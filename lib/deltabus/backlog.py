@@ -9,10 +9,11 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .leasing import pending_range, read_unfanned
+from .delivery.cursor import pending_range, read_unfanned
 from .registry import SubscriptionRecord
 from .storage import Engine
-from .storage.tables import BACKLOG, BACKLOG_HISTORY, DELIVERIES, TS
+from .storage.tables import BACKLOG, BACKLOG_HISTORY, DELIVERIES
+from .timestamps import ts_scalar, utc
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
         )
     cursor, latest = pending_range(engine, snap, sub)
     unfanned = read_unfanned(engine, sub, cursor + 1, latest)
-    now_ts = pa.scalar(int(now * 1_000_000), TS)
+    now_ts = ts_scalar(now)
     delivered = pc.greater(rows["delivery_attempt"], 0)
     delivered_n = _count(delivered)
     outstanding = _count(pc.and_(delivered, pc.greater(rows["lease_expires"], now_ts)))
@@ -90,7 +91,7 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
         num_outstanding_messages=int(outstanding),
         oldest_unacked_message_age=age,
         expired_ack_deadlines=int(delivered_n - outstanding),
-        updated_at=dt.datetime.fromtimestamp(now, tz=dt.timezone.utc),
+        updated_at=utc(now),
     )
 
 

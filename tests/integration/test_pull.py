@@ -225,7 +225,7 @@ def test_backlog_figures(pub, csub, clock, topic, subscription):
 def test_idle_cursor_moves_past_versions_of_other_topics(pub, sub, topic, subscription, warehouse):
     from deltalake import DeltaTable
 
-    from deltabus.leasing import IDLE_CURSOR_LAG, cursor_app_id
+    from deltabus.delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 
     other = pub.topic_path("local", "other-topic")
     pub.create_topic(name=other)

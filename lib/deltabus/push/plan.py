@@ -1,4 +1,12 @@
-"""One micro-batch's write to the deliveries table: fan-out, leases and outcomes in one MERGE."""
+"""One micro-batch's write to the deliveries table: fan-out, leases and outcomes in one MERGE.
+
+Contract: ``execute`` composes the delivery core (``deltabus.delivery``) exactly as pull
+does: per push subscription, fan-out from its cursor (the micro-batch's rows in the steady
+state, the change feed while catching up), lease selection within the room the job grants
+(outside its in-flight ids), then the outcomes the workers reported; all of it, the cursors
+and the batch's application transaction, is ONE MERGE pinned to literal sub_uids. No lease,
+fan-out or outcome logic lives here.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +14,17 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ..leasing import (
-    MAX_FANOUT_VERSIONS,
-    NACKED_US,
-    OPS_MERGE,
-    _us,
-    cursor_app_id,
-    read_available,
-    read_unfanned,
-    source_rows,
-)
+from ..delivery.fanout import from_batch
+from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
+from ..delivery.merge import commit
+from ..delivery.model import OutcomeKind
+from ..delivery.outcomes import rows as outcome_rows
+from ..delivery.selection import empty_available, read_available, select
 from ..registry import SubscriptionRecord
-from ..storage import Engine, Snapshot, literal
-from ..storage.tables import TS
+from ..storage import Engine, Snapshot
+from ..timestamps import to_us
+
 
 @dataclass(frozen=True, slots=True)
 class SubPlan:
@@ -39,28 +43,6 @@ class PlanResult:
     leased_at: float = 0.0  # the `now` the leases' deadlines count from
 
 
-def fresh_rows(
-    engine: Engine, sub: SubscriptionRecord, cursor: int, batch: pa.Table, first: int, last: int
-) -> tuple[pa.Table, int]:
-    """Messages of sub's topic after its cursor, up to version `last`; and the new cursor.
-
-    In the steady state the cursor is the batch's start and the rows come from the
-    stream's micro-batch; a subscription that lags (new, or switched from pull) catches
-    up from the change feed first.
-    """
-    if cursor >= last:
-        return batch.slice(0, 0).select(["message_id", "publish_time", "ordering_key", "size_bytes", "version"]), cursor
-    if cursor < first:
-        end = min(last, cursor + MAX_FANOUT_VERSIONS)
-        rows = read_unfanned(engine, sub, cursor + 1, end).rename_columns(
-            ["message_id", "publish_time", "ordering_key", "size_bytes", "version"]
-        )
-        return rows, end
-    mask = pc.and_(pc.equal(batch["topic_uid"], sub.topic_uid), pc.greater(batch["version"], cursor))
-    rows = batch.filter(mask).select(["message_id", "publish_time", "ordering_key", "size_bytes", "version"])
-    return rows, last
-
-
 def execute(
     engine: Engine,
     snap: Snapshot,
@@ -74,62 +56,36 @@ def execute(
     batch_txn: tuple[str, int] | None,
 ) -> PlanResult:
     """Build and commit the batch's single MERGE. `outcomes`: sub_uid -> (acks, nacks) tables
-    of (message_id, delivery_attempt). Called inside ``engine.transact``: a conflict reruns it."""
+    of (message_id, delivery_attempt). `batch`: the stream's rows (topic_uid, message_id,
+    publish_time, ordering_key, size_bytes, version) of messages versions first..last.
+    Called inside ``engine.transact``: a conflict reruns it. Writes nothing when there is
+    nothing to write; commits the txns alone when only cursors (or the batch) move."""
     parts: list[pa.Table] = []
     txns: list[tuple[str, int]] = []
     result = PlanResult(leased_at=now)
+    hooks: dict[str, DeliveryHooks] = {}
     for plan in plans:
         sub = plan.sub
         uid = sub.sub_uid
-        cursor = snap.txn_version(cursor_app_id(uid))
-        if cursor is None:
-            cursor = sub.start_version
-        fresh, new_cursor = fresh_rows(engine, sub, cursor, batch, first, last)
-        if new_cursor > cursor:
-            txns.append((cursor_app_id(uid), new_cursor))
-        room = plan.room
-        chosen: list[tuple[str, int]] = []
-        if room > 0:
-            # In-flight ids are leased, so rarely available; read enough to cover them anyway.
-            avail = read_available(snap, uid, now, room + len(plan.exclude))
-            if plan.exclude and avail.num_rows:
-                avail = avail.filter(pc.invert(pc.is_in(avail["message_id"], pa.array(list(plan.exclude), pa.string()))))
-            avail = avail.slice(0, room)
-            if avail.num_rows:
-                attempts = pc.add(avail["delivery_attempt"], pa.scalar(1, pa.int32())).combine_chunks()
-                expires = pa.array([_us(now + sub.ack_deadline_seconds)] * avail.num_rows, TS)
-                parts.append(source_rows("lease", uid, avail, attempts, expires))
-                chosen.extend(zip(avail["message_id"].to_pylist(), attempts.to_pylist()))
-            room -= avail.num_rows
-        if fresh.num_rows:
-            order = pc.sort_indices(fresh, [("version", "ascending"), ("message_id", "ascending")])
-            fresh = fresh.take(order).rename_columns(["message_id", "publish_time", "ordering_key", "size_bytes", "message_version"])
-            k = max(0, min(room, fresh.num_rows))
-            attempts = pa.array([1] * k + [0] * (fresh.num_rows - k), pa.int32())
-            expires = pa.concat_arrays(
-                [pa.array([_us(now + sub.ack_deadline_seconds)] * k, TS), pa.nulls(fresh.num_rows - k, TS)]
-            )
-            parts.append(source_rows("insert", uid, fresh, attempts, expires))
-            chosen.extend((m, 1) for m in fresh["message_id"].to_pylist()[:k])
-            result.fanned_out += fresh.num_rows
-        if chosen:
-            result.leases[uid] = chosen
+        policy = hooks[uid] = hooks_for(sub)
+        fan = from_batch(engine, snap, sub, batch, first, last, keep=policy.keep)
+        txns.extend(fan.txns(uid))
+        available = read_available(snap, uid, now, plan.room, plan.exclude) if plan.room > 0 else empty_available()
+        chosen = select(uid, available, fan.rows, plan.room, to_us(now + sub.ack_deadline_seconds), policy)
+        parts.extend(chosen.parts)
+        if chosen.leases:
+            result.leases[uid] = [(lease.message_id, lease.delivery_attempt) for lease in chosen.leases]
+        result.fanned_out += chosen.inserted
     for uid, (acks, nacks) in outcomes.items():
+        retry = hooks.get(uid, DEFAULT_HOOKS).retry_delay
         if acks.num_rows:
-            parts.append(source_rows("ack", uid, acks, acks["delivery_attempt"], pa.nulls(acks.num_rows, TS)))
+            parts.append(outcome_rows(uid, OutcomeKind.ACK, acks))
         if nacks.num_rows:
-            parts.append(source_rows("nack", uid, nacks, nacks["delivery_attempt"], pa.array([NACKED_US] * nacks.num_rows, TS)))
+            parts.append(outcome_rows(uid, OutcomeKind.NACK, nacks, retry(nacks, now) if retry is not None else None))
     if not parts and not txns:
         return result
     if batch_txn is not None:
         txns.append(batch_txn)
-    if not parts:
-        snap.commit_txns(txns)
-        result.committed = True
-        return result
-    source = pa.concat_tables(parts)
-    uids = sorted({p.sub.sub_uid for p in plans} | set(outcomes))
-    in_list = ", ".join(literal(u) for u in uids)
-    snap.merge(source, f"t.sub_uid IN ({in_list}) AND t.sub_uid = s.sub_uid AND t.message_id = s.message_id", OPS_MERGE, app_txn=txns)
+    commit(snap, parts, sorted({p.sub.sub_uid for p in plans} | set(outcomes)), txns)
     result.committed = True
     return result

@@ -11,7 +11,9 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import ackid, backlog, leasing, names, pagination
+from .. import ackid, backlog, names, pagination
+from ..delivery import operations as delivery
+from ..delivery.payloads import fetch_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, required
@@ -217,10 +219,10 @@ class SubscriberClient(ClientBase):
         rec = self._sub(subscription)
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
-        leases = leasing.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock)
+        leases = delivery.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock)
         if not leases:
             return []
-        payloads = leasing.fetch_messages(self._engine, rec.topic_uid, [l.message_id for l in leases])
+        payloads = fetch_messages(self._engine, rec.topic_uid, [l.message_id for l in leases])
         out = []
         for lease in leases:
             row = payloads.get(lease.message_id)
@@ -283,11 +285,11 @@ class SubscriberClient(ClientBase):
 
     def _acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> int:
         rec = self._sub(subscription)
-        return leasing.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
+        return delivery.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
 
     def _modify_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> int:
         rec = self._sub(subscription)
-        return leasing.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
+        return delivery.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
 
     @refused_when_closed
     def acknowledge(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None, ack_ids: Sequence[str] | None = None) -> None:

@@ -1,0 +1,93 @@
+"""Fan-out: the new messages of a subscription, after its cursor.
+
+Contract: a ``Fanout`` is the messages (``FANOUT_COLUMNS``) to insert into one
+subscription's deliveries partition, sorted by (message_version, message_id) and passed
+through the subscription's filter hook, with the cursor it was read from and the cursor
+to commit with them (in the same MERGE). They come from the change feed (pull, and a
+push subscription catching up) or from the push stream's micro-batch rows (the push
+job's steady state). At most ``MAX_FANOUT_VERSIONS`` versions are read from the change
+feed per call. Messages the filter drops are never inserted: the cursor still moves past
+them, which acks them at once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..registry import SubscriptionRecord
+from ..storage import Engine, Snapshot
+from .cursor import FANOUT_COLUMNS, cursor_app_id, empty_fanout, pending_range, read_cursor, read_unfanned
+from .hooks import FanoutFilter
+
+# At most this many messages-table versions are fanned out in one call.
+MAX_FANOUT_VERSIONS = 500
+
+FANOUT_ORDER = [("message_version", "ascending"), ("message_id", "ascending")]
+
+# The push stream's micro-batch names the messages-table version ``version``.
+_BATCH_COLUMNS = ["message_id", "publish_time", "ordering_key", "size_bytes", "version"]
+
+
+class Fanout(NamedTuple):
+    rows: pa.Table  # FANOUT_COLUMNS, in FANOUT_ORDER, filtered
+    cursor: int  # the cursor read from the snapshot
+    end: int  # the cursor once `rows` are committed (== cursor: nothing to move)
+
+    def txns(self, sub_uid: str) -> list[tuple[str, int]]:
+        """The cursor's application transaction to commit with the rows (none if it stays)."""
+        return [(cursor_app_id(sub_uid), self.end)] if self.end > self.cursor else []
+
+
+def prepare(rows: pa.Table, keep: FanoutFilter | None = None) -> pa.Table:
+    """Rows in FANOUT_ORDER, without those the filter drops. Pure."""
+    if rows.num_rows == 0:
+        return rows
+    rows = rows.take(pc.sort_indices(rows, FANOUT_ORDER))
+    if keep is not None:
+        rows = rows.filter(keep(rows))
+    return rows
+
+
+def from_change_feed(
+    engine: Engine, snap: Snapshot, sub: SubscriptionRecord, *, keep: FanoutFilter | None = None
+) -> Fanout:
+    """The next messages after sub's cursor in `snap`, up to MAX_FANOUT_VERSIONS versions."""
+    cursor, latest = pending_range(engine, snap, sub)
+    end = min(latest, cursor + MAX_FANOUT_VERSIONS)
+    return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end), keep), cursor, end)
+
+
+def batch_rows(batch: pa.Table, topic_uid: str, after: int) -> pa.Table:
+    """The micro-batch's messages of one topic published after version `after`, as
+    FANOUT_COLUMNS (the stream's ``version`` renamed at this boundary). Pure."""
+    mask = pc.and_(pc.equal(batch["topic_uid"], topic_uid), pc.greater(batch["version"], after))
+    return batch.filter(mask).select(_BATCH_COLUMNS).rename_columns(list(FANOUT_COLUMNS))
+
+
+def from_batch(
+    engine: Engine,
+    snap: Snapshot,
+    sub: SubscriptionRecord,
+    batch: pa.Table,
+    first: int,
+    last: int,
+    *,
+    keep: FanoutFilter | None = None,
+) -> Fanout:
+    """Messages of sub's topic after its cursor, up to version `last`, for a micro-batch
+    covering versions first..last.
+
+    In the steady state the cursor is the batch's start and the rows come from the
+    stream's micro-batch; a subscription that lags (new, or switched from pull) catches
+    up from the change feed first (at most MAX_FANOUT_VERSIONS versions per batch).
+    """
+    cursor = read_cursor(snap, sub)
+    if cursor >= last:
+        return Fanout(empty_fanout(), cursor, cursor)
+    if cursor < first:
+        end = min(last, cursor + MAX_FANOUT_VERSIONS)
+        return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end), keep), cursor, end)
+    return Fanout(prepare(batch_rows(batch, sub.topic_uid, cursor), keep), cursor, last)

@@ -1,0 +1,53 @@
+"""Policy seams of the delivery core, one per feature still to come; defaults are today's behaviour.
+
+Contract: a hook is a pure function over Arrow data (no table reads, no clock: "now" is
+passed in). ``None`` means the default, and the core then skips the work entirely, so
+the default path costs nothing. ``hooks_for(sub)`` is the one place that picks a
+subscription's hooks: issue 13 (filters, retry policy, ordering keys, dead letters)
+fills them in there, and pull, ``subscribe()`` and the push job all follow at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+
+from ..registry import SubscriptionRecord
+
+# rows (FANOUT_COLUMNS) -> boolean mask: True = fan out; False = acked at once (never inserted).
+FanoutFilter = Callable[[pa.Table], pa.Array]
+# (rows nacked: message_id, delivery_attempt; now in seconds) -> lease_expires (us) per row.
+RetryDelay = Callable[[pa.Table, float], pa.Array]
+# candidates (state columns, in lease order) -> boolean mask: True = may be leased now.
+Eligibility = Callable[[pa.Table], pa.Array]
+# the attempt each candidate would get -> boolean mask: True = give up instead of leasing.
+AttemptLimit = Callable[[pa.Array], pa.Array]
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryHooks:
+    """A subscription's delivery policy.
+
+    - ``keep``: the subscription's filter (issue 13); default keeps every message.
+    - ``retry_delay``: the lease_expires a nack gets; default the NACKED sentinel
+      (available again at once, told apart from a lease that ran out).
+    - ``eligible``: which candidates may be leased now, e.g. one outstanding message per
+      ordering key; default all.
+    - ``give_up``: which candidates reached the delivery-attempt limit and leave the
+      subscription (dead letter) instead of being leased; default none.
+    """
+
+    keep: FanoutFilter | None = None
+    retry_delay: RetryDelay | None = None
+    eligible: Eligibility | None = None
+    give_up: AttemptLimit | None = None
+
+
+DEFAULT_HOOKS = DeliveryHooks()
+
+
+def hooks_for(sub: SubscriptionRecord) -> DeliveryHooks:
+    """The hooks of one subscription (today the defaults for every subscription)."""
+    return DEFAULT_HOOKS

@@ -1,0 +1,117 @@
+"""Committing the core's decisions: the OPS MERGE into the deliveries table.
+
+Contract: every write to a subscription's deliveries partition is ONE MERGE of source
+rows tagged with an ``Op`` (``SOURCE_SCHEMA``), joined on message_id and pinned by a
+literal ``sub_uid`` (so work on other subscriptions never conflicts, and two writers on
+one subscription conflict in Delta and one reruns from a fresh snapshot). The fan-out
+cursors and any other application transactions commit in the same MERGE. Deciding is
+not done here: the source rows come from the pure functions of ``selection`` and
+``outcomes``; ``commit`` only writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
+from ..storage.engine import Clause
+from ..storage.tables import DELIVERIES
+from ..timestamps import TS
+from .model import Op
+
+# lease_expires of a nacked delivery: long past, so it is available at once and it can
+# be told apart from a lease that merely ran out.
+NACKED_US = 0
+NACKED_SQL = "CAST('1970-01-01T00:00:00.000001Z' AS TIMESTAMP)"
+
+_MATCHES = "t.delivery_attempt = s.delivery_attempt"
+
+# One clause per op, in evaluation order (the first matching clause applies).
+OPS_CLAUSES: Mapping[Op, Clause] = {
+    Op.ACK: MatchedDelete(when=f"s.op = '{Op.ACK.value}' AND {_MATCHES}"),
+    Op.GIVE_UP: MatchedDelete(when=f"s.op = '{Op.GIVE_UP.value}' AND {_MATCHES}"),
+    Op.NACK: MatchedUpdate(
+        {"lease_expires": "s.lease_expires"}, when=f"s.op = '{Op.NACK.value}' AND {_MATCHES} AND t.delivery_attempt > 0"
+    ),
+    # An extension never applies to a nacked row: racing a nack, it cannot hold the message back.
+    Op.DEADLINE: MatchedUpdate(
+        {"lease_expires": "s.lease_expires"},
+        when=f"s.op = '{Op.DEADLINE.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND t.lease_expires > {NACKED_SQL}",
+    ),
+    Op.LEASE: MatchedUpdate(
+        {"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"}, when=f"s.op = '{Op.LEASE.value}'"
+    ),
+    Op.INSERT: NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when=f"s.op = '{Op.INSERT.value}'"),
+}
+OPS_MERGE: list[Clause] = list(OPS_CLAUSES.values())
+SOURCE_SCHEMA = pa.schema([pa.field("op", pa.string()), *DELIVERIES.schema])
+
+
+def clauses_for(ops: Sequence[Op]) -> list[Clause]:
+    """The clauses of the ops present, in OPS_MERGE order: a clause no source row can
+    match is left out, so an ack-only MERGE is no heavier than a plain delete-merge."""
+    present = set(ops)
+    return [c for op, c in OPS_CLAUSES.items() if op in present]
+
+
+def source_rows(
+    op: Op, sub_uid: str, table: pa.Table, attempt: pa.Array | pa.ChunkedArray, lease: pa.Array | pa.ChunkedArray
+) -> pa.Table:
+    """MERGE source rows for `op` from a table with message_id and any deliveries columns
+    (the others are null), with the given delivery attempts and lease_expires."""
+    n = table.num_rows
+
+    def col(name: str, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+        return table[name] if name in table.column_names else pa.nulls(n, kind)
+
+    return pa.table(
+        {
+            "op": pa.repeat(pa.scalar(op.value, pa.string()), n),
+            "sub_uid": pa.repeat(pa.scalar(sub_uid, pa.string()), n),
+            "message_id": table["message_id"],
+            "message_version": col("message_version", pa.int64()),
+            "publish_time": col("publish_time", TS),
+            "ordering_key": col("ordering_key", pa.string()),
+            "size_bytes": col("size_bytes", pa.int64()),
+            "delivery_attempt": attempt,
+            "lease_expires": lease,
+        },
+        schema=SOURCE_SCHEMA,
+    )
+
+
+def empty_source() -> pa.Table:
+    return SOURCE_SCHEMA.empty_table()
+
+
+def pinned_on(sub_uids: Sequence[str]) -> str:
+    """The MERGE condition, pinned by literal sub_uids (Delta's conflict check then only
+    sees those partitions). One subscription: ``t.sub_uid = 'x'``; several: ``IN (...)``."""
+    if not sub_uids:
+        raise ValueError("sub_uids: at least one subscription to pin the MERGE to")
+    if len(sub_uids) == 1:
+        return f"t.sub_uid = {literal(sub_uids[0])} AND t.message_id = s.message_id"
+    in_list = ", ".join(literal(u) for u in sorted(sub_uids))
+    return f"t.sub_uid IN ({in_list}) AND t.sub_uid = s.sub_uid AND t.message_id = s.message_id"
+
+
+def ops_in(source: pa.Table) -> list[Op]:
+    return [Op(v) for v in pc.unique(source["op"]).to_pylist()]
+
+
+def commit(
+    snap: Snapshot, parts: Sequence[pa.Table], sub_uids: Sequence[str], txns: Sequence[tuple[str, int]] = ()
+) -> Mapping[str, int] | None:
+    """Write source `parts` (SOURCE_SCHEMA) and application transactions `txns` as ONE commit:
+    a MERGE pinned to `sub_uids` when there are rows, else a commit of the txns alone, else
+    nothing. Returns the MERGE's metrics (None when no MERGE ran)."""
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        if txns:
+            snap.commit_txns(list(txns))
+        return None
+    source = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)

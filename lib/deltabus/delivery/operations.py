@@ -1,0 +1,168 @@
+"""The client-side delivery operations: pull, acknowledge, modify_deadline.
+
+Contract: each call is ONE read-modify-write of the subscription's deliveries partition
+inside ``engine.transact`` (a conflicting concurrent commit reruns it on a fresh
+snapshot), and at most one commit. The time is read inside each attempt: a rerun after a
+conflict leases from its own "now", so a lease is never granted already shortened or
+expired. Built only from the core's pieces (cursor, fanout, selection, outcomes, merge);
+the push job composes the same pieces in ``push/plan.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import pyarrow as pa
+
+from ..registry import SubscriptionRecord
+from ..storage import Engine, Snapshot
+from ..storage.tables import DELIVERIES
+from ..timestamps import to_us
+from .cursor import IDLE_CURSOR_LAG, cursor_app_id
+from .fanout import from_change_feed
+from .hooks import DeliveryHooks, hooks_for
+from .merge import commit
+from .model import IdResult, Lease, OutcomeKind
+from .outcomes import decide, latest_per_message, read_current, rows
+from .selection import read_available, select
+
+
+def pull(
+    engine: Engine,
+    sub: SubscriptionRecord,
+    *,
+    max_messages: int,
+    lease_seconds: float,
+    clock: Callable[[], float],
+    hooks: DeliveryHooks | None = None,
+) -> list[Lease]:
+    """Lease up to max_messages available messages for lease_seconds; return the leases
+    (redeliveries first, oldest first, then new messages in publish order).
+
+    New messages are fanned out from the cursor in the same MERGE. With nothing to lease,
+    nothing is written, except that a cursor lagging IDLE_CURSOR_LAG versions behind
+    (versions of other topics) is moved forward alone."""
+    policy = hooks if hooks is not None else hooks_for(sub)
+    uid = sub.sub_uid
+
+    def fn(snap: Snapshot) -> list[Lease]:
+        now = clock()
+        fan = from_change_feed(engine, snap, sub, keep=policy.keep)
+        available = read_available(snap, uid, now, max_messages)
+        if available.num_rows == 0 and fan.rows.num_rows == 0:
+            if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
+                snap.commit_txns([(cursor_app_id(uid), fan.end)])
+            return []
+        chosen = select(uid, available, fan.rows, max_messages, to_us(now + lease_seconds), policy)
+        commit(snap, chosen.parts, [uid], fan.txns(uid))
+        return chosen.leases
+
+    return engine.transact(DELIVERIES.name, fn, what=f"pull {sub.name}")
+
+
+def _outcome_kind(seconds: float) -> OutcomeKind:
+    return OutcomeKind.NACK if seconds <= 0 else OutcomeKind.DEADLINE
+
+
+def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]]) -> int:
+    """Ack (message_id, delivery_attempt) pairs; return how many messages this acked.
+
+    Unknown, already-acked or superseded deliveries are ignored. Reads nothing first."""
+    if not items:
+        return 0
+    source = rows(sub.sub_uid, OutcomeKind.ACK, latest_per_message(items))
+
+    def fn(snap: Snapshot) -> int:
+        m = commit(snap, [source], [sub.sub_uid])
+        return int((m or {}).get("num_target_rows_deleted", 0))
+
+    return engine.transact(DELIVERIES.name, fn, what=f"acknowledge {sub.name}")
+
+
+def modify_deadline(
+    engine: Engine,
+    sub: SubscriptionRecord,
+    items: Sequence[tuple[str, int]],
+    seconds: float,
+    *,
+    clock: Callable[[], float],
+    hooks: DeliveryHooks | None = None,
+) -> int:
+    """Set the lease of the given deliveries to end `seconds` from now; 0 is a nack.
+    Return how many deliveries changed.
+
+    A nack ends the lease at the retry delay (the NACKED sentinel by default). An
+    extension never applies to a nacked row, so one racing a nack cannot hold the message
+    back. An extension that arrives just after its lease ran out still applies while
+    nobody else has been given the message (the delivery attempt still matches)."""
+    if not items:
+        return 0
+    keyed = latest_per_message(items)
+    kind = _outcome_kind(seconds)
+    policy = hooks if hooks is not None else hooks_for(sub)
+
+    def fn(snap: Snapshot) -> int:
+        source = rows(sub.sub_uid, kind, keyed, _new_lease(kind, keyed, seconds, clock, policy))
+        m = commit(snap, [source], [sub.sub_uid])
+        return int((m or {}).get("num_target_rows_updated", 0))
+
+    return engine.transact(DELIVERIES.name, fn, what=f"modify_ack_deadline {sub.name}")
+
+
+def _new_lease(
+    kind: OutcomeKind, keyed: pa.Table, seconds: float, clock: Callable[[], float], policy: DeliveryHooks
+) -> int | pa.Array | None:
+    """The lease_expires a deadline change or nack sets (None: the NACKED sentinel). The
+    clock is read only when a time is needed."""
+    if kind is OutcomeKind.DEADLINE:
+        return to_us(clock() + seconds)
+    if policy.retry_delay is not None:
+        return policy.retry_delay(keyed, clock())
+    return None
+
+
+def acknowledge_results(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]]) -> list[IdResult]:
+    """Ack (message_id, delivery_attempt) pairs; return the result of each, in order.
+
+    Reads the current rows of those messages first (in the snapshot the MERGE commits on),
+    so SUCCESS means this call acked it; nothing is written when no id applies."""
+    return _with_results(engine, sub, items, OutcomeKind.ACK, 0.0, lambda: 0.0, hooks_for(sub), f"acknowledge {sub.name}")
+
+
+def modify_deadline_results(
+    engine: Engine,
+    sub: SubscriptionRecord,
+    items: Sequence[tuple[str, int]],
+    seconds: float,
+    *,
+    clock: Callable[[], float],
+    hooks: DeliveryHooks | None = None,
+) -> list[IdResult]:
+    """``modify_deadline`` returning the result of each pair, in order (see acknowledge_results)."""
+    policy = hooks if hooks is not None else hooks_for(sub)
+    kind = _outcome_kind(seconds)
+    return _with_results(engine, sub, items, kind, seconds, clock, policy, f"modify_ack_deadline {sub.name}")
+
+
+def _with_results(
+    engine: Engine,
+    sub: SubscriptionRecord,
+    items: Sequence[tuple[str, int]],
+    kind: OutcomeKind,
+    seconds: float,
+    clock: Callable[[], float],
+    policy: DeliveryHooks,
+    what: str,
+) -> list[IdResult]:
+    if not items:
+        return []
+    keyed = latest_per_message(items)
+
+    def fn(snap: Snapshot) -> list[IdResult]:
+        lease = _new_lease(kind, keyed, seconds, clock, policy) if kind is not OutcomeKind.ACK else None
+        current = read_current(snap, sub.sub_uid, [m for m, _ in items])
+        decision = decide(sub.sub_uid, kind, items, current, lease)
+        commit(snap, [decision.source], [sub.sub_uid])
+        return decision.results
+
+    return engine.transact(DELIVERIES.name, fn, what=what)

@@ -1,0 +1,138 @@
+"""Outcomes of deliveries (ack, nack, deadline change, expiry, give-up) as MERGE source rows.
+
+Contract: an outcome names one delivery, (message_id, delivery_attempt), and applies only
+while that delivery is still the current one (same attempt): an ack id from an earlier
+delivery never acks or extends a later one. A nack ends the lease at the retry delay
+(the NACKED sentinel by default); a deadline change never applies to a nacked row, nor
+to a row never delivered. Several ack ids for one message keep the latest delivery's.
+
+``rows`` builds the source without reading anything (the push job and the counting
+client calls use it). ``decide`` is the PURE per-id decision: given the current rows of
+the requested messages in a snapshot, it returns the result of each requested id and
+exactly the source rows that will apply, so committing it on that snapshot does what
+the results say.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..storage import Snapshot
+from ..timestamps import TS
+from .merge import NACKED_US, source_rows
+from .model import Delivery, IdResult, Op, OutcomeKind, Result
+
+_OP = {
+    OutcomeKind.ACK: Op.ACK,
+    OutcomeKind.NACK: Op.NACK,
+    OutcomeKind.EXPIRY: Op.NACK,  # a lease that ran out unanswered is retried as a nack
+    OutcomeKind.DEADLINE: Op.DEADLINE,
+    OutcomeKind.GIVE_UP: Op.GIVE_UP,
+}
+# The smallest lease_expires a deadline change still applies to (NACKED_SQL is 1 us: rows
+# at or below it are nacked).
+_NACKED_MAX_US = 1
+
+CURRENT_COLUMNS = ["message_id", "delivery_attempt", "lease_expires"]
+
+
+def op_of(kind: OutcomeKind) -> Op:
+    return _OP[kind]
+
+
+def latest_per_message(items: Iterable[tuple[str, int]]) -> pa.Table:
+    """(message_id, delivery_attempt) with one row per message: its latest requested attempt."""
+    latest: dict[str, int] = {}
+    for message_id, attempt in items:
+        if attempt > latest.get(message_id, -1):
+            latest[message_id] = attempt
+    return pa.table(
+        {"message_id": pa.array(list(latest), pa.string()), "delivery_attempt": pa.array(list(latest.values()), pa.int32())}
+    )
+
+
+def rows(sub_uid: str, kind: OutcomeKind, deliveries: pa.Table, lease_expires_us: int | pa.Array | None = None) -> pa.Table:
+    """Source rows applying `kind` to `deliveries` (message_id, delivery_attempt).
+
+    `lease_expires_us`: the new deadline for DEADLINE, the retry time for NACK and EXPIRY
+    (default the NACKED sentinel); ignored for ACK and GIVE_UP. Pure."""
+    n = deliveries.num_rows
+    op = op_of(kind)
+    if op in (Op.ACK, Op.GIVE_UP):
+        lease: pa.Array = pa.nulls(n, TS)
+    elif isinstance(lease_expires_us, pa.Array):
+        lease = lease_expires_us.cast(TS)
+    else:
+        if lease_expires_us is None and op is Op.DEADLINE:
+            raise ValueError("lease_expires_us: a deadline change needs the new deadline")
+        lease = pa.repeat(pa.scalar(NACKED_US if lease_expires_us is None else lease_expires_us, TS), n)
+    return source_rows(op, sub_uid, deliveries, deliveries["delivery_attempt"], lease)
+
+
+class Decision(NamedTuple):
+    results: list[IdResult]  # one per requested id, in request order
+    source: pa.Table  # the source rows that apply (SOURCE_SCHEMA); empty when none does
+
+
+def _applies(kind: OutcomeKind, attempt: int, current: tuple[int, int | None] | None) -> bool:
+    if current is None:
+        return False
+    now_attempt, lease_us = current
+    if now_attempt != attempt:
+        return False
+    op = op_of(kind)
+    if op in (Op.NACK, Op.DEADLINE) and now_attempt <= 0:
+        return False
+    if op is Op.DEADLINE and (lease_us is None or lease_us <= _NACKED_MAX_US):
+        return False
+    return True
+
+
+def decide(
+    sub_uid: str,
+    kind: OutcomeKind,
+    requested: Sequence[Delivery | tuple[str, int]],
+    current: pa.Table,
+    lease_expires_us: int | pa.Array | None = None,
+) -> Decision:
+    """Results per requested id, and the source rows that apply, for `kind` on `requested`.
+
+    `current`: the rows (CURRENT_COLUMNS) of the requested messages in the snapshot the
+    source will be merged into; a message without a row is unknown or acked. An id whose
+    message is also requested with a later attempt is superseded. `lease_expires_us` as
+    for ``rows``; an array is one value per message of ``latest_per_message(requested)``. Pure."""
+    lease = current["lease_expires"].cast(pa.int64()).to_pylist()
+    now_rows = dict(zip(current["message_id"].to_pylist(), zip(current["delivery_attempt"].to_pylist(), lease)))
+    latest = latest_per_message(requested)
+    keep = dict(zip(latest["message_id"].to_pylist(), latest["delivery_attempt"].to_pylist()))
+    ok = {m for m, a in keep.items() if _applies(kind, a, now_rows.get(m))}
+    results = [
+        IdResult(m, a, Result.SUCCESS if m in ok and keep[m] == a else Result.INVALID_ACK_ID) for m, a in requested
+    ]
+    mask = pc.is_in(latest["message_id"], pa.array(sorted(ok), pa.string()))
+    if isinstance(lease_expires_us, pa.Array):
+        lease_expires_us = lease_expires_us.filter(mask)
+    return Decision(results, rows(sub_uid, kind, latest.filter(mask), lease_expires_us))
+
+
+def read_current(snap: Snapshot, sub_uid: str, message_ids: Sequence[str]) -> pa.Table:
+    """The current rows (CURRENT_COLUMNS) of the given messages in `snap`; opens only the
+    files whose message_id range overlaps the wanted ids."""
+    ids = pc.unique(pa.array(list(message_ids), pa.string()))
+    if len(ids) == 0:
+        return pa.table({"message_id": pa.array([], pa.string()), "delivery_attempt": pa.array([], pa.int32()),
+                         "lease_expires": pa.array([], TS)})
+    lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
+
+    def outside(actions: pa.Table) -> pa.Array:
+        if "max.message_id" not in actions.column_names or "min.message_id" not in actions.column_names:
+            return pa.array([False] * actions.num_rows)
+        return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
+
+    return snap.read_first(
+        len(ids), [("message_id", "ascending")], CURRENT_COLUMNS, partition=sub_uid,
+        filter=pc.field("message_id").isin(ids), skip_files=outside,
+    )

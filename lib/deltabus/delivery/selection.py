@@ -1,0 +1,141 @@
+"""Lease selection: which deliveries get a lease now, and the MERGE source that grants them.
+
+Contract: ``read_available`` reads, from one deliveries snapshot, the rows that may be
+leased at `now` (never leased, nacked, or past their deadline), oldest messages first,
+opening only the files that can hold such rows, and without the ids the caller excludes
+(the push job's in-flight ids). ``select`` is PURE: given those rows, the fanned-out new
+messages and the room, it returns the MERGE source parts (LEASE rows for available ones,
+INSERT rows for every new message, the first ones leased) and the ``Lease`` records, in
+lease order: available rows first, then new messages. The hooks (ordering, attempt
+limit) default to leasing everything in that order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..storage import Snapshot
+from ..storage.tables import DELIVERIES
+from ..timestamps import TS, ts_scalar
+from .hooks import DEFAULT_HOOKS, DeliveryHooks
+from .merge import source_rows
+from .model import Lease, Op
+
+STATE_COLUMNS = ["message_id", "message_version", "publish_time", "delivery_attempt", "lease_expires"]
+AVAILABLE_ORDER = [("message_version", "ascending"), ("message_id", "ascending")]
+
+
+def available_filter(now: float) -> pc.Expression:
+    """Rows available at `now`: never leased (null), nacked, or past their deadline."""
+    return pc.field("lease_expires").is_null() | (pc.field("lease_expires") <= ts_scalar(now))
+
+
+def leased_files(now: float) -> Callable[[pa.Table], pa.Array]:
+    """For ``Snapshot.read_first``: files whose every row holds a lease running past `now`
+    (no null lease, smallest lease in the future) have nothing available to lease."""
+
+    def skip(actions: pa.Table) -> pa.Array:
+        if "min.lease_expires" not in actions.column_names or "null_count.lease_expires" not in actions.column_names:
+            return pa.array([False] * actions.num_rows)
+        lows = actions["min.lease_expires"]
+        at = ts_scalar(now).cast(lows.type)
+        return pc.and_(pc.equal(actions["null_count.lease_expires"], 0), pc.greater(lows, at))
+
+    return skip
+
+
+def empty_available() -> pa.Table:
+    return pa.schema([DELIVERIES.schema.field(c) for c in STATE_COLUMNS]).empty_table()
+
+
+def read_available(snap: Snapshot, sub_uid: str, now: float, limit: int, exclude: frozenset[str] = frozenset()) -> pa.Table:
+    """The first `limit` deliveries available at `now` that are not in `exclude`, oldest
+    messages first (STATE_COLUMNS); reads only the files that can hold them."""
+    if limit <= 0:
+        return empty_available()
+    # Excluded (in-flight) ids are leased, so rarely available; read enough to cover them anyway.
+    rows = snap.read_first(
+        limit + len(exclude), AVAILABLE_ORDER, STATE_COLUMNS, partition=sub_uid,
+        filter=available_filter(now), skip_files=leased_files(now),
+    )
+    if exclude and rows.num_rows:
+        rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], pa.array(list(exclude), pa.string()))))
+    return rows.slice(0, limit)
+
+
+class Selection(NamedTuple):
+    parts: list[pa.Table]  # MERGE source rows (SOURCE_SCHEMA)
+    leases: list[Lease]  # in lease order
+    inserted: int  # new messages fanned out (leased or not)
+    given_up: int  # candidates that reached the attempt limit
+
+
+def _repeat_ts(value_us: int, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value_us, TS), n)
+
+
+def _leased_prefix(eligible: Sequence[bool] | None, n: int, k: int) -> list[bool]:
+    """Which of n new messages are leased: the first k (of the eligible ones)."""
+    if eligible is None:
+        return [True] * k + [False] * (n - k)
+    out: list[bool] = []
+    taken = 0
+    for ok in eligible:
+        take = bool(ok) and taken < k
+        taken += take
+        out.append(take)
+    return out
+
+
+def select(
+    sub_uid: str,
+    available: pa.Table,
+    fresh: pa.Table,
+    room: int,
+    expires_us: int,
+    hooks: DeliveryHooks = DEFAULT_HOOKS,
+) -> Selection:
+    """Lease up to `room` candidates until `expires_us`: `available` rows first (STATE_COLUMNS,
+    in AVAILABLE_ORDER), then `fresh` messages (FANOUT_COLUMNS, in FANOUT_ORDER). Every fresh
+    message is inserted; those not leased get attempt 0 and no lease. Pure."""
+    parts: list[pa.Table] = []
+    room = max(0, room)
+    fresh_ok: list[bool] | None = None
+    if hooks.eligible is not None and (available.num_rows or fresh.num_rows):
+        mask_available, mask_fresh = hooks.eligible(available, fresh)
+        available = available.filter(mask_available)
+        fresh_ok = [bool(v) for v in pa.array(mask_fresh).to_pylist()]
+    attempts = pc.add(available["delivery_attempt"], pa.scalar(1, pa.int32())).combine_chunks()
+    given_up = 0
+    if hooks.give_up is not None and available.num_rows:
+        stop = hooks.give_up(attempts)
+        gone = available.filter(stop)
+        given_up = gone.num_rows
+        if given_up:
+            parts.append(source_rows(Op.GIVE_UP, sub_uid, gone, gone["delivery_attempt"], pa.nulls(given_up, TS)))
+            available, attempts = available.filter(pc.invert(stop)), attempts.filter(pc.invert(stop))
+    available, attempts = available.slice(0, room), attempts.slice(0, room)
+    n = available.num_rows
+    if n:
+        parts.append(source_rows(Op.LEASE, sub_uid, available, attempts, _repeat_ts(expires_us, n)))
+    leases = [
+        Lease(m, a, v)
+        for m, a, v in zip(available["message_id"].to_pylist(), attempts.to_pylist(), available["message_version"].to_pylist())
+    ]
+    if fresh.num_rows:
+        f, k = fresh.num_rows, min(room - n, fresh.num_rows)
+        if fresh_ok is None:  # the first k are leased (built in bulk: a batch may hold 100k rows)
+            new_attempts = pa.concat_arrays([pa.repeat(pa.scalar(1, pa.int32()), k), pa.repeat(pa.scalar(0, pa.int32()), f - k)])
+            new_expires = pa.concat_arrays([_repeat_ts(expires_us, k), pa.nulls(f - k, TS)])
+            leased = fresh.slice(0, k)
+        else:
+            mask = _leased_prefix(fresh_ok, f, k)
+            new_attempts = pa.array([1 if x else 0 for x in mask], pa.int32())
+            new_expires = pa.array([expires_us if x else None for x in mask], TS)
+            leased = fresh.filter(pa.array(mask, pa.bool_()))
+        parts.append(source_rows(Op.INSERT, sub_uid, fresh, new_attempts, new_expires))
+        leases.extend(Lease(m, 1, v) for m, v in zip(leased["message_id"].to_pylist(), leased["message_version"].to_pylist()))
+    return Selection(parts, leases, fresh.num_rows, given_up)
