@@ -27,7 +27,7 @@ class ServerThread:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = int(self._runner.addresses[0][1])  # (host, port[, ...]) of the one site
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

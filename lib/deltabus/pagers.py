@@ -7,7 +7,7 @@ attributes are read from that page as well. Each iteration starts again at the f
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 from .types import (
     ListSubscriptionsResponse,
@@ -17,7 +17,16 @@ from .types import (
     Topic,
 )
 
-R = TypeVar("R")
+
+
+class _Page(Protocol):
+    """What a pager needs of a page response: the token of the page after it ("" on the last)."""
+
+    @property
+    def next_page_token(self) -> str: ...
+
+
+R = TypeVar("R", bound=_Page)
 T = TypeVar("T")
 
 
@@ -33,8 +42,8 @@ class _Pager(Generic[R, T]):
     def pages(self) -> Iterator[R]:
         response = self._response = self._first
         yield response
-        while response.next_page_token:  # type: ignore[attr-defined]
-            response = self._response = self._fetch(response.next_page_token)  # type: ignore[attr-defined]
+        while response.next_page_token:
+            response = self._response = self._fetch(response.next_page_token)
             yield response
 
     def __iter__(self) -> Iterator[T]:
@@ -43,7 +52,7 @@ class _Pager(Generic[R, T]):
 
     @property
     def next_page_token(self) -> str:
-        return self._response.next_page_token  # type: ignore[attr-defined]
+        return self._response.next_page_token
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # not forwarded (and no recursion before __init__ ran)

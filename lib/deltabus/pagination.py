@@ -38,16 +38,17 @@ def decode_token(token: Any, kind: str, scope: str, field: str = "page_token") -
         return None
     if not isinstance(token, str):
         raise InvalidArgument(field, f"must be a string returned as next_page_token, got {type(token).__name__}")
+    data: object = None
     try:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        ok = isinstance(data, dict) and data.get("v") == 1 and isinstance(data.get("a"), str)
     except ValueError:  # bad base64, bad UTF-8 or bad JSON
-        ok = False
-    if not ok:
+        pass
+    after = data.get("a") if isinstance(data, dict) and data.get("v") == 1 else None
+    if not isinstance(data, dict) or not isinstance(after, str):
         raise InvalidArgument(field, "is not a page token this API returned (pass next_page_token unchanged)")
     if data.get("k") != kind or data.get("s") != scope:
         raise InvalidArgument(field, f"belongs to another listing; it is valid only for the {kind} of {scope} it came from")
-    return data["a"]
+    return after
 
 
 def take_page(sorted_names: Sequence[str], after: str | None, size: int) -> tuple[list[str], str | None]:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
+
+if TYPE_CHECKING:  # for annotations only; check_arrow imports pyarrow when it runs, as before
+    import pyarrow as pa
 
 MAX_DATA_BYTES = 10_000_000
 MAX_ATTRIBUTES = 100

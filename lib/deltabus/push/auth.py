@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypeAlias
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -30,6 +30,9 @@ TOKEN_LIFETIME = 3600
 REFRESH_BEFORE = 300  # a token with less than this left is replaced
 KEY_FILE = "signing-key.pem"
 JWKS_FILE = "jwks.json"
+
+Jwks: TypeAlias = dict[str, list[dict[str, Any]]]
+"""A JSON Web Key Set document: ``{"keys": [jwk, ...]}`` (RFC 7517, section 5)."""
 
 
 def _subject(email: str) -> str:
@@ -46,9 +49,9 @@ class SigningKey:
         public = self._key.public_key()
         der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         self.kid = hashlib.sha256(der).hexdigest()[:40]
-        jwk = json.loads(RSAAlgorithm.to_jwk(public))
+        jwk: dict[str, Any] = json.loads(RSAAlgorithm.to_jwk(public))
         jwk.update({"kid": self.kid, "alg": "RS256", "use": "sig"})
-        self.jwks = {"keys": [jwk]}
+        self.jwks: Jwks = {"keys": [jwk]}
         self._write_jwks()
 
     def _load_or_create(self) -> rsa.RSAPrivateKey:
@@ -111,7 +114,7 @@ class TokenSource:
         self.signed = 0  # how many tokens were signed (tests and metrics)
 
     @property
-    def jwks(self) -> dict:
+    def jwks(self) -> Jwks:
         return self._key.jwks
 
     def token(self, email: str, audience: str) -> str:

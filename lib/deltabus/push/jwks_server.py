@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 from aiohttp import web
 
@@ -12,7 +12,7 @@ from .._server_thread import ServerThread
 class JwksServer:
     """/jwks.json, /.well-known/jwks.json and /.well-known/openid-configuration."""
 
-    def __init__(self, jwks: Callable[[], dict], issuer: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, jwks: Callable[[], Mapping[str, object]], issuer: str, host: str = "127.0.0.1", port: int = 0) -> None:
         self._jwks = jwks
         self._issuer = issuer
         app = web.Application()

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 
-class StreamingPullFuture(Future):  # type: ignore[type-arg]
+class StreamingPullFuture(Future[bool]):
     def __init__(self, close: Callable[[], None]) -> None:
         super().__init__()
         self._close = close
