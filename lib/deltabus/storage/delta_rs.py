@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -13,14 +14,14 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, SchemaMismatchError, TableNotFoundError
 
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .maintenance import AutoCompact, compact, file_count
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_done, txn_list
-from .tables import BY_NAME, TableSpec
+from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -307,44 +308,51 @@ class DeltaRsEngine:
         return f"{self.warehouse}/{table}"
 
     def ensure_tables(self) -> None:
+        """Create the missing tables at the current schema version and migrate older ones.
+
+        First every existing table's version is read: one above the code's raises
+        ``FailedPrecondition`` and nothing is written. Then a missing table is created (with
+        its ``deltabus.schemaVersion`` property) and an older one gets its missing columns,
+        then its new version (``migrate_table``). Idempotent: a second call writes nothing.
+        Safe with another process doing the same at once (a lost race is re-read)."""
         if "://" not in self.warehouse:
             os.makedirs(self.warehouse, exist_ok=True)
+        existing: dict[str, DeltaTable] = {}
         for spec in BY_NAME.values():
             uri = self.table_uri(spec.name)
             if DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
-                self._add_missing_columns(uri, spec)
-                continue
-            try:
-                DeltaTable.create(
-                    uri,
-                    spec.schema,
-                    mode="ignore",
-                    partition_by=list(spec.partition_by) or None,
-                    configuration=spec.configuration or None,
-                    storage_options=self._storage_options,
-                    name=spec.name,
-                )
-            except Exception:
-                # Another process may have created it between our check and create.
-                if not DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
-                    raise
+                dt = existing[spec.name] = self._open(spec.name)
+                recorded_version(spec, dt.metadata().configuration)  # newer than this code: refuse before any write
+        for spec in BY_NAME.values():
+            if spec.name in existing:
+                migrate_table(existing[spec.name], spec, functools.partial(self._open, spec.name))
+            else:
+                self._create(spec)
 
-    def _add_missing_columns(self, uri: str, spec: TableSpec) -> None:
-        """Columns added to a table's spec since the warehouse was created (always nullable,
-        at the end) are added to the table; old rows read them as null."""
-        from deltalake.schema import Field
+    def _create(self, spec: TableSpec) -> None:
+        uri = self.table_uri(spec.name)
+        try:
+            DeltaTable.create(
+                uri,
+                spec.schema,
+                mode="ignore",
+                partition_by=list(spec.partition_by) or None,
+                configuration=spec.properties,
+                storage_options=self._storage_options,
+                name=spec.name,
+                # delta-rs refuses table properties it does not know (our schema version) unless told.
+                raise_if_key_not_exists=False,
+            )
+        except Exception:
+            # Another process may have created it between our check and create.
+            if not DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
+                raise
+        # mode="ignore" left a table another process created first as it was: migrate it if it is older.
+        migrate_table(self._open(spec.name), spec, functools.partial(self._open, spec.name))
 
-        dt = DeltaTable(uri, storage_options=self._storage_options)
-        have = {f.name for f in dt.schema().fields}
-        missing = [f for f in spec.schema if f.name not in have]
-        if missing:
-            try:
-                dt.alter.add_columns([Field.from_arrow(f) for f in missing])
-            except Exception:
-                # Another process may have added them first.
-                have = {f.name for f in DeltaTable(uri, storage_options=self._storage_options).schema().fields}
-                if any(f.name not in have for f in missing):
-                    raise
+    def _open(self, table: str) -> DeltaTable:
+        """A new handle on the table's latest version."""
+        return DeltaTable(self.table_uri(table), storage_options=self._storage_options)
 
     def _handle(self, table: str) -> DeltaTable:
         handles: dict[str, DeltaTable] | None = getattr(self._local, "handles", None)
@@ -426,3 +434,35 @@ class DeltaRsEngine:
             return True
 
         return self.transact(table, attempt, what=f"append to {table}")
+
+
+MIGRATION_ATTEMPTS = 20
+
+
+def migrate_table(dt: DeltaTable, spec: TableSpec, reopen: Callable[[], DeltaTable]) -> None:
+    """Bring an existing table to the spec's schema version: add the columns it lacks (at the
+    end, nullable: old rows read null), then set ``deltabus.schemaVersion``. Two commits, in
+    that order, so a recorded version always has its columns; a crash between them is
+    completed by the next open.
+
+    Another process migrating at once makes one of ours fail ("Metadata changed since last
+    commit", measured with deltalake 1.6.6, or a schema error when the column appeared in
+    between): the table is re-read and re-planned, which then finds the work done. A table
+    newer than the code raises FailedPrecondition before anything is written."""
+    from deltalake.schema import Field
+
+    for attempt in range(MIGRATION_ATTEMPTS):
+        plan = plan_migration(spec, [f.name for f in dt.schema().fields], dt.metadata().configuration)
+        if plan is None:
+            return
+        try:
+            if plan.add:
+                dt.alter.add_columns([Field.from_arrow(f) for f in plan.add])
+                log.info("table %s: added columns %s", spec.name, ", ".join(f.name for f in plan.add))
+            if plan.set_version:
+                dt.alter.set_table_properties({SCHEMA_VERSION_KEY: str(plan.to_version)}, raise_if_not_exists=False)
+                log.info("table %s: schema version %d -> %d", spec.name, plan.from_version, plan.to_version)
+        except (CommitFailedError, SchemaMismatchError) as exc:
+            log.debug("table %s: migration raced another writer (attempt %d): %s", spec.name, attempt + 1, exc)
+        dt = reopen()
+    raise Aborted(f"table {spec.name}: migration kept conflicting with other writers ({MIGRATION_ATTEMPTS} attempts)")

@@ -1,4 +1,4 @@
-"""The Delta tables of a warehouse: names, schemas, partitioning, table properties.
+"""The Delta tables of a warehouse: names, schemas and their versions, partitioning, table properties.
 
 Layout (see README "Storage layout" for the reasoning):
 - topics, subscriptions: small registries, one row per live resource.
@@ -10,78 +10,174 @@ Layout (see README "Storage layout" for the reasoning):
   conflicts and concurrent work on one subscription is serialised by Delta's conflict check.
 - backlog: one row per subscription, the latest figures (rewritten on refresh);
   backlog_history: every such write appended (append-only, never conflicts).
+
+Schema versions. Each table's schema is a list of versions, each adding columns at the end
+(nullable, so rows written before read them as null). Version 1 is round 1's layout; the
+backlog tables' push fields (backoff_until ... last_error) are their version 2. A table
+records its version in the Delta table property ``deltabus.schemaVersion``; a table without
+it predates versioning and counts as version 1 (whatever columns it already has: migration
+adds the missing ones by name, so a table that gained some columns before versioning
+existed migrates all the same), and gets the property on its first open by this code. ``plan_migration`` decides, the engines' ``ensure_tables``
+apply: first the missing columns, then the version property, so a table whose property says
+N always has N's columns (a crash between the two leaves columns added and the old version,
+which the next open completes). A table of a version above the code's is refused
+(``FailedPrecondition``) before anything is written.
+
+Why a table property: it travels with the table (a warehouse copied, or opened by another
+engine, keeps it), it is read with the metadata every open reads anyway, and changing it is
+a metadata-only commit that both delta-rs (``alter.set_table_properties``) and delta-spark
+(``ALTER TABLE ... SET TBLPROPERTIES``) make; a side file would need its own atomicity.
+Measured with deltalake 1.6.6: ``DeltaTable.create`` refuses keys it does not know unless
+``raise_if_key_not_exists=False``; ``set_table_properties`` takes them.
+
+The subscriptions table's columns come from the one declaration of a subscription's fields
+(``deltabus.subscription_fields``), a leaf module of data that imports nothing of storage.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
 
-TS = pa.timestamp("us", tz="UTC")
-STR_MAP = pa.map_(pa.string(), pa.string())
+from .. import subscription_fields
+from ..errors import FailedPrecondition
+from ..timestamps import TS
 
-PUSH_CONFIG = pa.struct(
-    [
-        pa.field("push_endpoint", pa.string()),
-        pa.field("attributes", STR_MAP),
-        pa.field(
-            "oidc_token",
-            pa.struct([pa.field("service_account_email", pa.string()), pa.field("audience", pa.string())]),
-        ),
-        pa.field("no_wrapper", pa.struct([pa.field("write_metadata", pa.bool_())])),
-    ]
-)
+__all__ = [
+    "TS",
+    "STR_MAP",
+    "PUSH_CONFIG",
+    "SCHEMA_VERSION_KEY",
+    "TableSpec",
+    "Migration",
+    "recorded_version",
+    "plan_migration",
+    "TOPICS",
+    "SUBSCRIPTIONS",
+    "MESSAGES",
+    "DELIVERIES",
+    "BACKLOG",
+    "BACKLOG_HISTORY",
+    "ALL",
+    "BY_NAME",
+]
+
+STR_MAP = subscription_fields.STR_MAP
+PUSH_CONFIG = subscription_fields.PUSH_CONFIG
+
+SCHEMA_VERSION_KEY = "deltabus.schemaVersion"
 
 
 @dataclass(frozen=True, slots=True)
 class TableSpec:
+    """One table: ``layers[v - 1]`` holds the columns schema version ``v`` added.
+
+    ``schema`` is every layer's columns in order (the current layout) and ``version`` the
+    number of layers. ``configuration`` holds Delta's own table properties; ``properties``
+    adds the schema version, and is what a new table is created with."""
+
     name: str
-    schema: pa.Schema
+    layers: tuple[tuple[pa.Field, ...], ...]
     partition_by: tuple[str, ...] = ()
-    configuration: dict[str, str] = field(default_factory=dict)
+    configuration: Mapping[str, str] = field(default_factory=dict)
+    schema: pa.Schema = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers or not all(self.layers):
+            raise ValueError(f"table {self.name}: every schema version adds at least one column")
+        columns = [f for layer in self.layers for f in layer]
+        if len({f.name for f in columns}) != len(columns):
+            raise ValueError(f"table {self.name}: a column is declared twice")
+        late = [f.name for layer in self.layers[1:] for f in layer if not f.nullable]
+        if late:
+            raise ValueError(f"table {self.name}: columns added after version 1 must be nullable: {late}")
+        first = {f.name for f in self.layers[0]}
+        if any(c not in first for c in self.partition_by):
+            raise ValueError(f"table {self.name}: partition columns belong to version 1")
+        object.__setattr__(self, "schema", pa.schema(columns))
 
     @property
     def partition_column(self) -> str | None:
         return self.partition_by[0] if self.partition_by else None
 
+    @property
+    def version(self) -> int:
+        """The schema version this code writes."""
+        return len(self.layers)
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The table properties of a new table: Delta's configuration plus the schema version."""
+        return {**self.configuration, SCHEMA_VERSION_KEY: str(self.version)}
+
+
+class Migration(NamedTuple):
+    """What bringing one existing table to its spec's version takes."""
+
+    table: str
+    from_version: int
+    to_version: int
+    add: tuple[pa.Field, ...]  # columns to add, at the end, in this order
+    set_version: bool  # the version property is absent or older
+
+
+def recorded_version(spec: TableSpec, properties: Mapping[str, str | None]) -> int:
+    """The schema version a table's properties record (1 when absent: written before versions
+    existed). A version above the code's raises FailedPrecondition: its columns and their
+    meaning are unknown here, so nothing may be written to that warehouse."""
+    raw = properties.get(SCHEMA_VERSION_KEY)
+    if raw is None:
+        return 1
+    try:
+        version = int(raw)
+    except ValueError:
+        raise FailedPrecondition(
+            f"table {spec.name}: table property {SCHEMA_VERSION_KEY}={raw!r} is not a version number"
+        ) from None
+    if version > spec.version:
+        raise FailedPrecondition(
+            f"table {spec.name} is at schema version {version}, written by a newer deltabus "
+            f"(this one knows version {spec.version}); upgrade deltabus to use this warehouse"
+        )
+    return version
+
+
+def plan_migration(spec: TableSpec, columns: Sequence[str], properties: Mapping[str, str | None]) -> Migration | None:
+    """What an existing table (its column names and table properties) needs to reach the
+    spec's version, or None when it is there. Columns are matched by name: any the spec has
+    and the table lacks are added, whatever version the table records."""
+    version = recorded_version(spec, properties)
+    have = set(columns)
+    add = tuple(f for f in spec.schema if f.name not in have)
+    # A table from before versioning gets the property even when it needs no column, so
+    # that every table says which layout it has.
+    stamp = properties.get(SCHEMA_VERSION_KEY) is None or version != spec.version
+    if not add and not stamp:
+        return None
+    return Migration(spec.name, version, spec.version, add, stamp)
+
 
 TOPICS = TableSpec(
     "topics",
-    pa.schema(
-        [
+    (
+        (
             pa.field("name", pa.string(), nullable=False),
             pa.field("topic_uid", pa.string(), nullable=False),
             pa.field("labels", STR_MAP),
             pa.field("create_time", TS),
-        ]
+        ),
     ),
 )
 
-SUBSCRIPTIONS = TableSpec(
-    "subscriptions",
-    pa.schema(
-        [
-            pa.field("name", pa.string(), nullable=False),
-            pa.field("sub_uid", pa.string(), nullable=False),
-            pa.field("topic", pa.string(), nullable=False),
-            pa.field("topic_uid", pa.string(), nullable=False),
-            pa.field("push_config", PUSH_CONFIG),
-            pa.field("ack_deadline_seconds", pa.int32()),
-            pa.field("labels", STR_MAP),
-            pa.field("enable_message_ordering", pa.bool_()),
-            # messages-table version at creation: the subscription point.
-            pa.field("start_version", pa.int64()),
-            pa.field("create_time", TS),
-            pa.field("update_time", TS),
-        ]
-    ),
-)
+# Columns, types and versions: the declaration of a subscription's fields.
+SUBSCRIPTIONS = TableSpec("subscriptions", subscription_fields.schema_layers())
 
 MESSAGES = TableSpec(
     "messages",
-    pa.schema(
-        [
+    (
+        (
             pa.field("topic_uid", pa.string(), nullable=False),
             pa.field("topic", pa.string()),
             pa.field("message_id", pa.string(), nullable=False),
@@ -91,7 +187,7 @@ MESSAGES = TableSpec(
             pa.field("publish_time", TS),
             # data + attribute bytes, so backlog bytes need not read the payloads.
             pa.field("size_bytes", pa.int64()),
-        ]
+        ),
     ),
     partition_by=("topic_uid",),
     configuration={"delta.enableChangeDataFeed": "true"},
@@ -99,8 +195,8 @@ MESSAGES = TableSpec(
 
 DELIVERIES = TableSpec(
     "deliveries",
-    pa.schema(
-        [
+    (
+        (
             pa.field("sub_uid", pa.string(), nullable=False),
             pa.field("message_id", pa.string(), nullable=False),
             pa.field("message_version", pa.int64()),
@@ -111,7 +207,7 @@ DELIVERIES = TableSpec(
             pa.field("delivery_attempt", pa.int32()),
             # null = available now; otherwise the ack deadline of the current lease.
             pa.field("lease_expires", TS),
-        ]
+        ),
     ),
     partition_by=("sub_uid",),
     # Small files (~2k rows) in message-id order: a lease or ack MERGE then rewrites only
@@ -119,37 +215,38 @@ DELIVERIES = TableSpec(
     configuration={"delta.targetFileSize": "65536"},
 )
 
-BACKLOG = TableSpec(
-    "backlog",
-    pa.schema(
-        [
-            pa.field("subscription", pa.string(), nullable=False),
-            pa.field("topic", pa.string()),
-            pa.field("num_undelivered_messages", pa.int64()),
-            pa.field("num_outstanding_messages", pa.int64()),
-            pa.field("oldest_unacked_message_age", pa.float64()),
-            pa.field("expired_ack_deadlines", pa.int64()),
-            # Push subscriptions only (null for pull): totals since the push job first ran,
-            # and the job's current push window and backoff.
-            pa.field("delivered", pa.int64()),
-            pa.field("acked", pa.int64()),
-            pa.field("nacked", pa.int64()),
-            pa.field("push_window", pa.int64()),
-            pa.field("backoff_seconds", pa.float64()),
-            pa.field("updated_at", TS),
-            # Added later, so at the end (ensure_tables adds them to older warehouses). Push only:
-            # until when the backoff holds pushes, its main cause ("http 503", "timeout",
-            # "connection refused", "expired", ...), the latest outcome and the latest failure.
-            pa.field("backoff_until", TS),
-            pa.field("backoff_reason", pa.string()),
-            pa.field("last_status", pa.string()),
-            pa.field("last_error", pa.string()),
-        ]
+_BACKLOG_LAYERS = (
+    # Version 1: round 1's layout.
+    (
+        pa.field("subscription", pa.string(), nullable=False),
+        pa.field("topic", pa.string()),
+        pa.field("num_undelivered_messages", pa.int64()),
+        pa.field("num_outstanding_messages", pa.int64()),
+        pa.field("oldest_unacked_message_age", pa.float64()),
+        pa.field("expired_ack_deadlines", pa.int64()),
+        # Push subscriptions only (null for pull): totals since the push job first ran,
+        # and the job's current push window and backoff.
+        pa.field("delivered", pa.int64()),
+        pa.field("acked", pa.int64()),
+        pa.field("nacked", pa.int64()),
+        pa.field("push_window", pa.int64()),
+        pa.field("backoff_seconds", pa.float64()),
+        pa.field("updated_at", TS),
+    ),
+    # Version 2. Push only: until when the backoff holds pushes, its main cause ("http 503",
+    # "timeout", "connection refused", "expired", ...), the latest outcome and the latest failure.
+    (
+        pa.field("backoff_until", TS),
+        pa.field("backoff_reason", pa.string()),
+        pa.field("last_status", pa.string()),
+        pa.field("last_error", pa.string()),
     ),
 )
 
+BACKLOG = TableSpec("backlog", _BACKLOG_LAYERS)
+
 # Every backlog write is also appended here: the backlog over time, for charts and alerts.
-BACKLOG_HISTORY = TableSpec("backlog_history", BACKLOG.schema)
+BACKLOG_HISTORY = TableSpec("backlog_history", _BACKLOG_LAYERS)
 
 ALL = (TOPICS, SUBSCRIPTIONS, MESSAGES, DELIVERIES, BACKLOG, BACKLOG_HISTORY)
 BY_NAME = {t.name: t for t in ALL}

@@ -1,0 +1,349 @@
+"""The one declaration of a subscription's fields.
+
+Every column of the ``subscriptions`` table is declared once in ``COLUMNS``, in table
+order: its Arrow type, default, validator, whether it is public (on ``types.Subscription``),
+settable by ``create_subscription``, updatable through ``update_subscription``'s mask, how
+it is stored, its command-line flag, and the schema version of the table that added it.
+Derived from it (nowhere else lists the fields):
+
+- the ``subscriptions`` TableSpec's schema and its versions (``storage/tables.py``);
+- the registry's row <-> record conversion and ``SubscriptionRecord.public()``;
+- create/update validation and the updatable set of ``SubscriberClient``;
+- the ``subscriptions create/update`` flags of the CLI and what ``subscriptions get`` shows;
+- the columns of the ``subscriptions`` SQL view.
+
+``types.Subscription`` is written out by hand, because users and type checkers read it;
+tests/unit/test_subscription_fields.py checks it against ``PUBLIC``.
+
+Adding a field is one ``SubscriptionField`` appended to ``COLUMNS`` with ``since`` one
+above the table's current version (new columns go at the end, nullable, so an older
+table migrates by adding them: ``ensure_tables``), one line in ``types.Subscription``, and
+the field's own logic. Rows written before the column existed read it as null, which
+loads as the field's default.
+
+This module is a leaf of data: it imports only ``errors``, ``names``, ``timestamps``,
+``_call_args`` and ``types`` (none of which import storage or anything above it), so the storage layer's
+table catalogue can derive the table from it without depending on the domain code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
+
+import pyarrow as pa
+
+from . import names
+from ._call_args import required
+from .errors import InvalidArgument
+from .timestamps import TS
+from .types import NoWrapper, OidcToken, PushConfig, Subscription, validate_ack_deadline, validate_labels
+
+__all__ = [
+    "CliFlag",
+    "SubscriptionField",
+    "COLUMNS",
+    "BY_NAME",
+    "PUBLIC",
+    "SETTABLE",
+    "UPDATABLE",
+    "WITH_FLAG",
+    "VIEW_COLUMNS",
+    "schema_layers",
+    "store",
+    "load",
+    "public_values",
+    "create_settings",
+    "update_changes",
+]
+
+STR_MAP = pa.map_(pa.string(), pa.string())
+
+Check = Callable[[Any], Any]
+"""A caller's extra check of one clean value (the client's "http needs allow_http"): returns
+the value to keep, or raises InvalidArgument."""
+
+
+@dataclass(frozen=True, slots=True)
+class CliFlag:
+    """How ``deltabus subscriptions create/update`` takes a field.
+
+    ``collect``: ``"one"`` is a single value parsed by ``parse`` (argparse's ``type``);
+    ``"pairs"`` is a repeatable ``KEY=VALUE`` flag giving a dict. On update, giving the
+    flag puts the field in the update mask."""
+
+    flag: str
+    metavar: str
+    create_help: str | None = None
+    update_help: str | None = None
+    collect: Literal["one", "pairs"] = "one"
+    parse: Callable[[str], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.flag.startswith("--"):
+            raise ValueError(f"CliFlag {self.flag!r}: a flag starts with --")
+        if self.collect == "pairs" and self.parse is not None:
+            raise ValueError(f"CliFlag {self.flag}: KEY=VALUE pairs take no parse function")
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute the flag lands on: ``--ack-deadline`` -> ``ack_deadline``."""
+        return self.flag[2:].replace("-", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionField:
+    """One column of the subscriptions table, and what the API and CLI do with it.
+
+    - ``public``: a field of ``types.Subscription`` (returned by get/list). Internal columns
+      (``public=False``) are set by the registry only.
+    - ``settable``: ``create_subscription`` takes it as a keyword argument (public only);
+      ``required`` ones have no default (``name``, ``topic``).
+    - ``updatable``: ``update_subscription``'s ``update_mask`` may name it.
+    - ``default``: the value when create is not given it, and when a row written before the
+      column existed holds null.
+    - ``validate(value, path)``: the clean value, or ``InvalidArgument`` naming ``path``
+      (or a sub-field of it) and the rule. It also gets ``None`` when a request dict gives
+      the field as null.
+    - ``to_row``/``from_row``: the stored (Arrow-ready) form and back; identity when None.
+    - ``since``: the version of the subscriptions table's schema that added the column.
+      Columns after version 1 are nullable (existing rows read them as null).
+    """
+
+    name: str
+    arrow_type: pa.DataType
+    since: int = 1
+    public: bool = True
+    settable: bool = True
+    updatable: bool = False
+    required: bool = False
+    nullable: bool = True
+    default: Callable[[], Any] | None = None
+    validate: Callable[[Any, str], Any] | None = None
+    to_row: Callable[[Any], Any] | None = None
+    from_row: Callable[[Any], Any] | None = None
+    cli: CliFlag | None = None
+
+    def __post_init__(self) -> None:
+        where = f"subscription field {self.name!r}"
+        if self.since < 1:
+            raise ValueError(f"{where}: since is a schema version >= 1")
+        if self.since > 1 and not self.nullable:
+            raise ValueError(f"{where}: a column added after version 1 must be nullable (old rows hold null)")
+        if self.settable and not self.public:
+            raise ValueError(f"{where}: only public fields are settable")
+        if self.updatable and not self.settable:
+            raise ValueError(f"{where}: an updatable field must be settable")
+        if self.settable and self.validate is None:
+            raise ValueError(f"{where}: a settable field needs a validator")
+        if self.public and not self.required and self.default is None:
+            raise ValueError(f"{where}: a public field needs a default (or required=True)")
+        if self.required and self.default is not None:
+            raise ValueError(f"{where}: a required field has no default")
+        if self.cli is not None and not self.settable:
+            raise ValueError(f"{where}: only settable fields have a CLI flag")
+
+    @property
+    def arrow_field(self) -> pa.Field:
+        return pa.field(self.name, self.arrow_type, nullable=self.nullable)
+
+    def store(self, value: Any) -> Any:
+        """The value as the table stores it."""
+        return value if self.to_row is None or value is None else self.to_row(value)
+
+    def load(self, cell: Any) -> Any:
+        """A stored value as the record holds it; null reads as the default (a row older than
+        the column, or an internal column not set)."""
+        if cell is None:
+            return None if self.default is None else self.default()
+        return cell if self.from_row is None else self.from_row(cell)
+
+    def check(self, value: Any, path: str) -> Any:
+        """The validated value of a request; raises InvalidArgument naming ``path``."""
+        if self.validate is None:  # pragma: no cover - __post_init__ rules it out for settable fields
+            raise InvalidArgument(path, "cannot be set")
+        return self.validate(value, path)
+
+
+# -- validators and stored forms ---------------------------------------------------------------
+def _subscription_name(value: Any, path: str) -> str:
+    return str(names.parse_subscription(value, path))
+
+
+def _topic_name(value: Any, path: str) -> str:
+    return str(names.parse_topic(value, path))
+
+
+def _push_config(value: Any, path: str) -> PushConfig:
+    # PushConfig names its own sub-fields (push_config.push_endpoint, ...), as it always has,
+    # whether it came in a create request or under update_subscription's "subscription".
+    return PushConfig.coerce(value)
+
+
+def _boolean(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(path, "must be a boolean")
+    return value
+
+
+def _push_row(config: PushConfig) -> dict[str, Any]:
+    return {
+        "push_endpoint": config.push_endpoint,
+        "attributes": list(config.attributes.items()),
+        "oidc_token": None
+        if config.oidc_token is None
+        else {"service_account_email": config.oidc_token.service_account_email, "audience": config.oidc_token.audience},
+        "no_wrapper": None if config.no_wrapper is None else {"write_metadata": config.no_wrapper.write_metadata},
+    }
+
+
+def _push_from_row(row: Mapping[str, Any]) -> PushConfig:
+    oidc = row.get("oidc_token")
+    nowrap = row.get("no_wrapper")
+    # .stored: a row written under an older endpoint rule still reads back (see PushConfig.stored).
+    return PushConfig.stored(
+        push_endpoint=row.get("push_endpoint") or "",
+        attributes=dict(row.get("attributes") or []),
+        oidc_token=OidcToken(**oidc) if oidc else None,
+        no_wrapper=NoWrapper(**nowrap) if nowrap else None,
+    )
+
+
+def _map_row(value: Mapping[str, str]) -> list[tuple[str, str]]:
+    return list(value.items())
+
+
+def _map_from_row(cell: Any) -> dict[str, str]:
+    return dict(cell)
+
+
+PUSH_CONFIG = pa.struct(
+    [
+        pa.field("push_endpoint", pa.string()),
+        pa.field("attributes", STR_MAP),
+        pa.field(
+            "oidc_token",
+            pa.struct([pa.field("service_account_email", pa.string()), pa.field("audience", pa.string())]),
+        ),
+        pa.field("no_wrapper", pa.struct([pa.field("write_metadata", pa.bool_())])),
+    ]
+)
+
+
+# -- the declaration ------------------------------------------------------------------------------
+# In table order. Version 1 is round 1's layout (the order tables already on disk have); a
+# later version's columns are appended after it, so a migrated table and a new one agree.
+COLUMNS: tuple[SubscriptionField, ...] = (
+    SubscriptionField("name", pa.string(), nullable=False, required=True, validate=_subscription_name),
+    SubscriptionField("sub_uid", pa.string(), nullable=False, public=False, settable=False),
+    SubscriptionField("topic", pa.string(), nullable=False, required=True, validate=_topic_name),
+    SubscriptionField("topic_uid", pa.string(), nullable=False, public=False, settable=False),
+    SubscriptionField(
+        "push_config", PUSH_CONFIG, updatable=True, default=PushConfig, validate=_push_config,
+        to_row=_push_row, from_row=_push_from_row,
+        # Several flags with rules between them (--push-endpoint, --oidc-*, --no-wrapper,
+        # --pull): the CLI builds this one itself (cli._push_config).
+    ),
+    SubscriptionField(
+        "ack_deadline_seconds", pa.int32(), updatable=True, default=lambda: validate_ack_deadline(None),
+        validate=validate_ack_deadline, from_row=int,
+        cli=CliFlag("--ack-deadline", "SECONDS", create_help="10..600 (default 10)", update_help="10..600", parse=int),
+    ),
+    SubscriptionField(
+        "labels", STR_MAP, updatable=True, default=dict, validate=validate_labels,
+        to_row=_map_row, from_row=_map_from_row,
+        cli=CliFlag("--label", "KEY=VALUE", update_help="replace the labels", collect="pairs"),
+    ),
+    SubscriptionField("enable_message_ordering", pa.bool_(), default=lambda: False, validate=_boolean, from_row=bool),
+    # messages-table version at creation: the subscription point.
+    SubscriptionField("start_version", pa.int64(), public=False, settable=False, from_row=int),
+    SubscriptionField("create_time", TS, public=False, settable=False),
+    SubscriptionField("update_time", TS, public=False, settable=False),
+)
+
+BY_NAME: dict[str, SubscriptionField] = {c.name: c for c in COLUMNS}
+PUBLIC: tuple[SubscriptionField, ...] = tuple(c for c in COLUMNS if c.public)
+SETTABLE: tuple[SubscriptionField, ...] = tuple(c for c in COLUMNS if c.settable)
+UPDATABLE: frozenset[str] = frozenset(c.name for c in COLUMNS if c.updatable)
+WITH_FLAG: tuple[SubscriptionField, ...] = tuple(c for c in COLUMNS if c.cli is not None)
+# What the `subscriptions` SQL view shows besides name and topic (which it derives itself).
+VIEW_COLUMNS: tuple[str, ...] = tuple(
+    c.name for c in COLUMNS if c.public and c.name not in ("name", "topic")
+) + ("create_time", "update_time")
+
+
+def _check_declaration() -> None:
+    if len(BY_NAME) != len(COLUMNS):
+        raise ValueError("subscription fields: a name is declared twice")
+    versions = [c.since for c in COLUMNS]
+    if versions != sorted(versions) or versions[0] != 1:
+        raise ValueError("subscription fields: columns are in version order (a new version's go at the end)")
+    if sorted(set(versions)) != list(range(1, max(versions) + 1)):
+        raise ValueError("subscription fields: schema versions are consecutive")
+
+
+_check_declaration()
+
+
+def schema_layers() -> tuple[tuple[pa.Field, ...], ...]:
+    """The columns each schema version of the subscriptions table added (index 0: version 1)."""
+    top = max(c.since for c in COLUMNS)
+    return tuple(tuple(c.arrow_field for c in COLUMNS if c.since == v) for v in range(1, top + 1))
+
+
+# -- rows and records -----------------------------------------------------------------------------
+def store(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A table row from the record's values (every column)."""
+    return {c.name: c.store(values[c.name]) for c in COLUMNS}
+
+
+def load(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's values from a table row; a column the row lacks (an older table) is null."""
+    return {c.name: c.load(row.get(c.name)) for c in COLUMNS}
+
+
+def public_values(values: Any) -> dict[str, Any]:
+    """The public fields of a record (anything with those attributes), for ``types.Subscription``."""
+    return {c.name: getattr(values, c.name) for c in PUBLIC}
+
+
+# -- requests ----------------------------------------------------------------------------------
+def create_settings(
+    given: Mapping[str, Any], checks: Mapping[str, Check] | None = None, *, method: str = "create_subscription"
+) -> Subscription:
+    """The validated settings of a create request (the fields given, by name).
+
+    Fields are checked in declaration order and the first bad one raises InvalidArgument
+    naming it; a field not given takes its default. ``checks`` adds a caller's rule to a
+    field, run right after its validator."""
+    checks = checks or {}
+    values: dict[str, Any] = {}
+    for fld in SETTABLE:
+        if fld.required:
+            value = fld.check(required(given, fld.name, method), fld.name)
+        elif fld.name in given:
+            value = fld.check(given[fld.name], fld.name)
+        else:
+            value = fld.default() if fld.default is not None else None
+        if fld.name in checks:
+            value = checks[fld.name](value)
+        values[fld.name] = value
+    return Subscription(**values)
+
+
+def update_changes(
+    given: Mapping[str, Any], paths: list[str], checks: Mapping[str, Check] | None = None
+) -> dict[str, Any]:
+    """The validated new values of an update: ``given`` maps each path of the mask to the
+    value sent (``None`` when the subscription did not carry it). Errors name
+    ``subscription.<field>``. The mask must already be checked against ``UPDATABLE``."""
+    checks = checks or {}
+    changes: dict[str, Any] = {}
+    for fld in COLUMNS:
+        if fld.name not in paths:
+            continue
+        value = fld.check(given.get(fld.name), f"subscription.{fld.name}")
+        if fld.name in checks:
+            value = checks[fld.name](value)
+        changes[fld.name] = value
+    return changes
