@@ -17,7 +17,7 @@ def publish_rate(warehouse: str, batches: int, size: int = 1024, per_batch: int 
     from deltalake import write_deltalake
 
     from deltabus import PublisherClient, types
-    from deltabus.publishing import OutgoingMessage, build_rows
+    from deltabus.publisher.rows import OutgoingMessage, build_rows
 
     pub = PublisherClient(warehouse=warehouse)
     topic = pub.topic_path("bench", "publish")

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from typing import Callable, Sequence
 
 from ..errors import ClientClosed
-from ..publishing import OutgoingMessage
+from .rows import OutgoingMessage
 from ..types import BatchSettings
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from .._common import ClientBase
 from .._call_args import fields, required
 from ..errors import ClientClosed, InvalidArgument, OrderingNotEnabled
 from ..pagers import ListTopicsPager, ListTopicSubscriptionsPager
-from ..publishing import OutgoingMessage, append, build_rows, from_arrow
+from .rows import OutgoingMessage, append, build_rows, from_arrow
 from ..types import (
     BatchSettings,
     ListTopicsResponse,

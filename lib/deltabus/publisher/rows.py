@@ -1,4 +1,9 @@
-"""Turning validated messages into one append to the messages table."""
+"""Turning validated messages into one append to the messages table.
+
+Contract: one publish time and one message-id prefix per batch; the publish time is
+stored as microseconds rounded by ``timestamps.to_us`` (the one rounding rule), and the
+ids sort in publish order. Validation happens before: these functions trust their input.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,10 @@ from typing import Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
 
-from . import ids
-from .storage import Engine
-from .storage.tables import MESSAGES
+from .. import ids
+from ..storage import Engine
+from ..storage.tables import MESSAGES
+from ..timestamps import to_us
 
 
 class OutgoingMessage(NamedTuple):
@@ -32,6 +38,7 @@ def build_rows(topic_uid: str, topic: str, messages: Sequence[OutgoingMessage], 
 
 
 def append(engine: Engine, rows: pa.Table) -> None:
+    """Append rows built by ``build_rows`` or ``from_arrow`` (appends never conflict in Delta)."""
     engine.append(MESSAGES.name, rows)
 
 
@@ -39,7 +46,7 @@ def from_arrow(topic_uid: str, topic: str, table: pa.Table, publish_time: float)
     """Rows for a validated Arrow table with columns data, attributes, ordering_key, size_bytes;
     and the message ids, in row order. One publish time and one id prefix per batch."""
     n = table.num_rows
-    time_us = int(publish_time * 1_000_000)
+    time_us = to_us(publish_time)
     message_ids = ids.message_ids(ids.batch_prefix(time_us), n)
     rows = pa.table(
         {
