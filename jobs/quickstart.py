@@ -7,15 +7,16 @@ to an endpoint on 127.0.0.1 delivered by the push job; prints what happened.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from deltabus import config  # the environment is read there, once
+
     parser = argparse.ArgumentParser(prog="jobs/quickstart.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--warehouse",
-        default=os.environ.get("DELTABUS_WAREHOUSE", "./warehouse"),
+        default=config.warehouse_default(),
         help="warehouse path or URI holding the Delta tables (default: $DELTABUS_WAREHOUSE or ./warehouse)",
     )
     parser.add_argument("--project", default="quickstart", help="project of the topic and subscription (default: quickstart)")

@@ -24,8 +24,10 @@ def _positive(value: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from deltabus import config  # the environment is read there, once
+
     p = argparse.ArgumentParser(prog="jobs/sql.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--warehouse", default=os.environ.get("DELTABUS_WAREHOUSE", "./warehouse"), help="warehouse path or URI (default: $DELTABUS_WAREHOUSE or ./warehouse)")
+    p.add_argument("--warehouse", default=config.warehouse_default(), help="warehouse path or URI (default: $DELTABUS_WAREHOUSE or ./warehouse)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-e", "--execute", help="SQL statements to run (separated by ';')")
     g.add_argument("-f", "--file", help="a file of SQL statements")

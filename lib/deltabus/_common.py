@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable, Mapping
 
+from . import config
 from .errors import InvalidArgument
 from .registry import Registry
 from .storage import Engine, check_warehouse_path, open_engine
 
-DEFAULT_WAREHOUSE_ENV = "DELTABUS_WAREHOUSE"
+DEFAULT_WAREHOUSE_ENV = config.WAREHOUSE_ENV
 
 
-def resolve_warehouse(warehouse: str | None) -> str:
-    warehouse = warehouse or os.environ.get(DEFAULT_WAREHOUSE_ENV)
+def resolve_warehouse(warehouse: str | None, defaults: config.ClientSettings) -> str:
+    """`warehouse`, else the resolved DELTABUS_WAREHOUSE of `defaults`; checked (a file is an error)."""
+    warehouse = warehouse or defaults.warehouse
     if not warehouse:
         raise InvalidArgument("warehouse", f"pass warehouse= (a path or URI) or set {DEFAULT_WAREHOUSE_ENV}")
     return check_warehouse_path(warehouse)
@@ -28,6 +29,11 @@ class ClientBase:
     the client never creates one: its first call raises ``WarehouseNotFound`` ("no
     warehouse at PATH") while there is none, and opens it once it exists, so a client made
     before another process creates the warehouse still works.
+
+    The constructor is an entry point: it resolves the environment once
+    (``config.client_defaults``, or the ``settings=`` given) and keeps the result in
+    ``self._settings``. With the engine "auto" (or "delta-spark") it passes this thread's
+    active SparkSession, if any, to ``open_engine``.
     """
 
     def __init__(
@@ -38,14 +44,16 @@ class ClientBase:
         storage_options: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         create_warehouse: bool = False,
+        settings: config.ClientSettings | None = None,
     ) -> None:
+        self._settings = config.client_defaults() if settings is None else settings
         self._clock = clock
         self._open_lock = threading.Lock()
         self._opened: tuple[Engine, Registry] | None = None
         if engine is not None:
             self._opened = (engine, Registry(engine, clock=clock))
             return
-        self._warehouse = resolve_warehouse(warehouse)  # a bad path (a file) fails here, at once
+        self._warehouse = resolve_warehouse(warehouse, self._settings)  # a bad path (a file) fails here, at once
         self._storage_options = storage_options
         if create_warehouse:
             self._open(create=True)
@@ -53,7 +61,16 @@ class ClientBase:
     def _open(self, create: bool = False) -> tuple[Engine, Registry]:
         with self._open_lock:
             if self._opened is None:
-                engine = open_engine(self._warehouse, storage_options=self._storage_options, create=create)
+                chosen = self._settings.engine
+                spark = None
+                if chosen != "delta-rs":
+                    from .spark import active_session
+
+                    spark = active_session()
+                engine = open_engine(
+                    self._warehouse, engine=chosen, storage_options=self._storage_options, spark=spark, create=create,
+                    engine_field=self._settings.engine_field,
+                )
                 self._opened = (engine, Registry(engine, clock=self._clock))
             return self._opened
 

@@ -105,9 +105,7 @@ def _flag(field: str, flags: Mapping[str, str]) -> str:
 
 # -- push configuration ------------------------------------------------------------------------
 def _allow_http(args: argparse.Namespace) -> bool:
-    from .subscriber.client import allow_http_default
-
-    return bool(getattr(args, "allow_http", False)) or allow_http_default()
+    return bool(getattr(args, "allow_http", False)) or bool(getattr(args, "env_allow_http", False))
 
 
 def _push_config(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -160,13 +158,13 @@ def _subscription_dict(s: Any) -> dict[str, Any]:
 def _publisher(args: argparse.Namespace) -> Any:
     from . import PublisherClient
 
-    return PublisherClient(warehouse=args.warehouse, create_warehouse=False)  # only create_topic creates one
+    return PublisherClient(warehouse=args.warehouse, create_warehouse=False, settings=args.client_settings)  # only create_topic creates one
 
 
 def _subscriber(args: argparse.Namespace, allow_http: bool = False) -> Any:
     from . import SubscriberClient
 
-    return SubscriberClient(warehouse=args.warehouse, allow_http=allow_http)
+    return SubscriberClient(warehouse=args.warehouse, allow_http=allow_http, settings=args.client_settings)
 
 
 # -- commands --------------------------------------------------------------------------------
@@ -475,19 +473,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _resolve_globals(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
-    """The settings of the global options, resolved once: flag, then environment, then default."""
+def _resolve_globals(args: argparse.Namespace, environ: Mapping[str, str] | None) -> None:
+    """The settings of the global options, resolved once: flag, then environment, then default.
+
+    The environment is read through ``config`` only (`environ` None: this process's); the
+    clients the commands make get the same resolved ``ClientSettings``. A bad variable is an
+    ``InvalidArgument`` naming it."""
+    from . import config
+
+    defaults = config.client_defaults(environ)
+    args.client_settings = defaults
+    args.env_allow_http = defaults.allow_http
     if args.warehouse is not None:
         args.warehouse_source = "--warehouse"
-    elif environ.get("DELTABUS_WAREHOUSE"):
-        args.warehouse, args.warehouse_source = environ["DELTABUS_WAREHOUSE"], "$DELTABUS_WAREHOUSE"
+    elif defaults.warehouse:
+        args.warehouse, args.warehouse_source = defaults.warehouse, "$DELTABUS_WAREHOUSE"
     else:
         args.warehouse, args.warehouse_source = "./warehouse", "--warehouse"
     if args.project is not None:
         args.project_source = "--project"
     else:
-        args.project = environ.get("DELTABUS_PROJECT") or "local"
-        args.project_source = "$DELTABUS_PROJECT" if environ.get("DELTABUS_PROJECT") else "--project"
+        env_project = config.project_default(environ)
+        args.project = env_project or "local"
+        args.project_source = "$DELTABUS_PROJECT" if env_project else "--project"
 
 
 def _fail(message: str) -> int:
@@ -507,7 +515,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, environ: Mapp
         return _fail(f"{exc.message} (see '{exc.prog} --help')")
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    _resolve_globals(args, os.environ if environ is None else environ)
+    try:
+        _resolve_globals(args, environ)
+    except InvalidArgument as exc:  # a bad DELTABUS_* variable: named as it is
+        return _fail(f"{exc.field}: {exc.rule}")
     flags = {"warehouse": args.warehouse_source, "project": args.project_source, **args.flags}
     try:
         from . import names

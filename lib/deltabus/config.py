@@ -1,7 +1,9 @@
-"""Engine settings: conf/deltabus.conf, overridden by DELTABUS_<NAME> environment variables.
+"""Settings: conf/deltabus.conf, overridden by DELTABUS_<NAME> environment variables.
 
-Parsed once at a job's entry into a frozen, validated ``Settings``; command-line flags
-override both.
+This is the one module that reads the environment. Entry points resolve settings here
+once and pass them down: a job parses ``Settings`` (``load``), a client constructor takes
+``ClientSettings`` (``client_defaults``), the command line reads its globals here. Every
+boolean variable follows one rule (``parse_bool``); command-line flags override both.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import configparser
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, cast, get_args
 
 from .errors import InvalidArgument
 
 # The storage engines a job may choose (storage imports this; config stays free of storage imports).
-ENGINES = ("auto", "delta-rs", "delta-spark")
+EngineName = Literal["auto", "delta-rs", "delta-spark"]
+ENGINES: tuple[EngineName, ...] = get_args(EngineName)
 
 SECTION = "deltabus"
 TRUE = {"1", "true", "yes", "on"}
@@ -33,7 +36,7 @@ class Settings:
     delivery_partitions: int = 2
     max_pushes_per_batch: int = 50_000
     backlog_interval: float = 1.0
-    engine: str = "auto"  # auto | delta-rs | delta-spark
+    engine: EngineName = "auto"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -70,14 +73,27 @@ class Settings:
         return replace(self, **{k: v for k, v in values.items() if v is not None})
 
 
+def parse_bool(name: str, raw: str) -> bool:
+    """The one truthy rule: 1/true/yes/on and 0/false/no/off/"" (any case, spaces ignored);
+    anything else is an ``InvalidArgument`` naming `name`."""
+    v = raw.strip().lower()
+    if v in TRUE:
+        return True
+    if v in FALSE:
+        return False
+    raise InvalidArgument(name, f"must be true or false, got {raw!r}")
+
+
+def engine_name(name: str, raw: str) -> EngineName:
+    """`raw` as an ``EngineName``; otherwise an ``InvalidArgument`` naming `name`."""
+    if raw not in ENGINES:
+        raise InvalidArgument(name, f"must be one of {', '.join(ENGINES)}, got {raw!r}")
+    return cast(EngineName, raw)
+
+
 def _coerce(name: str, kind: type, raw: str) -> Any:
     if kind is bool:
-        v = raw.strip().lower()
-        if v in TRUE:
-            return True
-        if v in FALSE:
-            return False
-        raise InvalidArgument(name, f"must be true or false, got {raw!r}")
+        return parse_bool(name, raw)
     try:
         return kind(raw.strip())
     except ValueError:
@@ -88,7 +104,7 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
     """Read the settings file (if any), then DELTABUS_<NAME> variables; validate once."""
     environ = os.environ if environ is None else environ
     kinds = {f.name: f.type for f in fields(Settings)}
-    types = {"str": str, "bool": bool, "float": float, "int": int}
+    types = {"str": str, "bool": bool, "float": float, "int": int, "EngineName": str}
     values: dict[str, Any] = {}
     if path is not None and Path(path).exists():
         parser = configparser.ConfigParser()
@@ -105,9 +121,81 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
     return Settings(**values)
 
 
-def default_path() -> Path:
+def default_path(environ: Mapping[str, str] | None = None) -> Path:
     """conf/deltabus.conf of the checkout (DELTABUS_CONF chooses another file)."""
-    env = os.environ.get("DELTABUS_CONF")
+    env = (os.environ if environ is None else environ).get("DELTABUS_CONF")
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[2] / "conf" / "deltabus.conf"
+
+
+WAREHOUSE_ENV = "DELTABUS_WAREHOUSE"
+ENGINE_ENV = "DELTABUS_ENGINE"
+ALLOW_HTTP_ENV = "DELTABUS_ALLOW_HTTP"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """What a client constructor takes from the environment, resolved once (``client_defaults``).
+
+    ``warehouse`` is None when DELTABUS_WAREHOUSE is unset or empty (the client then needs
+    ``warehouse=``). ``engine_field`` names where ``engine`` came from, for error messages.
+    """
+
+    warehouse: str | None = None
+    engine: EngineName = "auto"
+    allow_http: bool = False
+    engine_field: str = "engine"
+
+    def __post_init__(self) -> None:
+        engine_name(self.engine_field, self.engine)
+        if self.warehouse is not None and not self.warehouse:
+            raise InvalidArgument("warehouse", "must be a path or URI")
+
+
+def client_defaults(environ: Mapping[str, str] | None = None) -> ClientSettings:
+    """DELTABUS_WAREHOUSE, DELTABUS_ENGINE (default auto) and DELTABUS_ALLOW_HTTP (``parse_bool``)
+    of `environ` (default: this process's environment). No settings file: clients are
+    configured by their arguments and these variables only, as before.
+
+    A bad value is an ``InvalidArgument`` naming the variable; an empty one means unset."""
+    env = os.environ if environ is None else environ
+    raw_engine = env.get(ENGINE_ENV, "") or "auto"
+    return ClientSettings(
+        warehouse=env.get(WAREHOUSE_ENV) or None,
+        engine=engine_name(ENGINE_ENV, raw_engine),
+        allow_http=parse_bool(ALLOW_HTTP_ENV, env.get(ALLOW_HTTP_ENV, "")),
+        engine_field=ENGINE_ENV,
+    )
+
+
+def engine_default(environ: Mapping[str, str] | None = None) -> EngineName:
+    """DELTABUS_ENGINE of `environ` (default: this process's environment), or "auto" when unset."""
+    env = os.environ if environ is None else environ
+    return engine_name(ENGINE_ENV, env.get(ENGINE_ENV, "") or "auto")
+
+
+def project_default(environ: Mapping[str, str] | None = None) -> str | None:
+    """DELTABUS_PROJECT of `environ` (default: this process's environment), None when unset or empty."""
+    env = os.environ if environ is None else environ
+    return env.get("DELTABUS_PROJECT") or None
+
+
+def warehouse_default(environ: Mapping[str, str] | None = None, fallback: str = "./warehouse") -> str:
+    """DELTABUS_WAREHOUSE of `environ` (default: this process's environment), else `fallback`."""
+    env = os.environ if environ is None else environ
+    return env.get(WAREHOUSE_ENV) or fallback
+
+
+def spark_workers_use_this_python() -> None:
+    """Make a SparkContext started later in this process run its Python workers with this
+    interpreter (the one deltabus is installed in), unless PYSPARK_PYTHON/PYSPARK_DRIVER_PYTHON
+    are set already.
+
+    Why the environment: pyspark 4.1 reads ``os.environ["PYSPARK_PYTHON"]`` when the context
+    starts (``SparkContext._do_init``), and the ``spark.pyspark.python`` conf is only read by
+    spark-submit's launcher, so a session started in a notebook or test has no other way."""
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -37,3 +37,42 @@ def test_uri_warehouse_needs_local_key_dir():
     with pytest.raises(InvalidArgument):
         config.Settings(warehouse="s3://bucket/wh").keys_path
     assert config.Settings(warehouse="s3://bucket/wh", keys_dir="/secure/keys").keys_path == "/secure/keys"
+
+
+def test_client_defaults_resolve_the_three_variables_with_one_truthy_rule():
+    s = config.client_defaults({"DELTABUS_WAREHOUSE": "/w", "DELTABUS_ENGINE": "delta-rs", "DELTABUS_ALLOW_HTTP": " Yes "})
+    assert (s.warehouse, s.engine, s.allow_http, s.engine_field) == ("/w", "delta-rs", True, "DELTABUS_ENGINE")
+    assert config.client_defaults({}) == config.ClientSettings(engine_field="DELTABUS_ENGINE")
+    assert config.client_defaults({"DELTABUS_WAREHOUSE": "", "DELTABUS_ENGINE": ""}).warehouse is None
+    # The same strings mean the same thing for a job's Settings and for a client.
+    for raw in ("1", "true", "on", "0", "off", ""):
+        assert config.client_defaults({"DELTABUS_ALLOW_HTTP": raw}).allow_http == config.load(None, {"DELTABUS_ALLOW_HTTP": raw}).allow_http
+
+
+@pytest.mark.parametrize("env, field", [({"DELTABUS_ALLOW_HTTP": "maybe"}, "DELTABUS_ALLOW_HTTP"), ({"DELTABUS_ENGINE": "hive"}, "DELTABUS_ENGINE")])
+def test_client_defaults_name_a_bad_variable(env, field):
+    with pytest.raises(InvalidArgument) as e:
+        config.client_defaults(env)
+    assert e.value.field == field
+
+
+def test_engine_names_are_one_literal():
+    from typing import get_args
+
+    assert config.ENGINES == get_args(config.EngineName) == ("auto", "delta-rs", "delta-spark")
+    with pytest.raises(InvalidArgument, match="engine"):
+        config.Settings(engine="spark")  # type: ignore[arg-type]
+
+
+def test_only_config_reads_the_environment():
+    """Library modules get settings passed down; only deltabus/config.py reads os.environ."""
+    import pathlib
+    import re
+
+    lib = pathlib.Path(config.__file__).parent
+    pattern = re.compile(r"os\.environ|os\.getenv|getenv\(|environ\.get\(")
+    readers = sorted(
+        str(p.relative_to(lib)) for p in lib.rglob("*.py")
+        if p.name != "config.py" and pattern.search(p.read_text(encoding="utf-8"))
+    )
+    assert readers == []

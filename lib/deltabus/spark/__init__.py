@@ -26,6 +26,21 @@ def session(
     return _session(warehouse, spark=spark, app_name=app_name, refresh_backlog=refresh_backlog, create=create)
 
 
+def active_session() -> "SparkSession | None":
+    """This thread's active SparkSession, or None (also when pyspark was never imported: then
+    no session can exist, and importing pyspark just to ask would cost a second).
+
+    For entry points (client constructors) that pick an engine "auto"matically; library code
+    below them is handed the session explicitly."""
+    import sys
+
+    if "pyspark" not in sys.modules:
+        return None
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
 def __getattr__(name: str) -> Any:  # lazy: keep `import deltabus.spark` free of pyspark imports
     if name == "register_views":
         from .sql import register

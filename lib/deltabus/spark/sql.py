@@ -8,7 +8,6 @@ query sees the tables' latest versions.
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING
 
 from ..names import DELETED_TOPIC
@@ -93,9 +92,11 @@ def session(
     if refresh_backlog:
         SubscriberClient(engine=engine).refresh_backlog()
     if spark is None:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
+
+        from ..config import spark_workers_use_this_python
+
+        spark_workers_use_this_python()
 
         spark = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC").getOrCreate()
     register(spark, warehouse)

@@ -1,17 +1,17 @@
 """Storage: one small contract, two engines.
 
-``open_engine`` picks delta-spark when a SparkSession with the Delta JVM classes is at
-hand (a cluster with io.delta:delta-spark, or ``--packages``), and the embedded delta-rs
-engine otherwise. ``engine=`` or ``DELTABUS_ENGINE`` forces either.
+``open_engine`` picks delta-spark when the SparkSession it is given has the Delta JVM
+classes (a cluster with io.delta:delta-spark, or ``--packages``), and the embedded delta-rs
+engine otherwise. ``engine=`` (or, when None, ``DELTABUS_ENGINE`` resolved by ``config``)
+forces either. Storage reads no environment and looks for no session itself.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from ..config import ENGINES
+from ..config import ENGINE_ENV, ENGINES, EngineName, engine_default, engine_name
 from ..errors import FailedPrecondition, InvalidArgument, WarehouseNotFound
 from .delta_rs import DeltaRsEngine
 from .engine import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
@@ -19,7 +19,6 @@ from .engine import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snap
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-ENGINE_ENV = "DELTABUS_ENGINE"
 DELTA_PACKAGE_HINT = (
     "start Spark with the Delta jars, e.g. spark-submit --packages io.delta:delta-spark_2.13:<version> "
     "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
@@ -27,26 +26,20 @@ DELTA_PACKAGE_HINT = (
 )
 
 
-def _active_spark() -> "SparkSession | None":
-    if "pyspark" not in sys.modules:  # no session can exist in this process
-        return None
-    from pyspark.sql import SparkSession
+def choose_engine(engine: EngineName | None, spark: "SparkSession | None", *, field: str | None = None) -> EngineName:
+    """Which engine `engine` means with `spark` (the caller's session, or None): "delta-rs" or
+    "delta-spark". "auto" is delta-spark when `spark` has the Delta JVM classes.
 
-    return SparkSession.getActiveSession()
-
-
-def choose_engine(engine: str | None, spark: Any | None) -> str:
-    """Which engine `engine` ("auto", "delta-rs", "delta-spark"; None = $DELTABUS_ENGINE or auto) means here."""
+    Storage never looks for a session itself: an entry point that wants the active one asks
+    Spark (``deltabus.spark.active_session()``) and passes it. ``engine=None`` is the
+    resolved default of ``config.engine_default()`` (DELTABUS_ENGINE, else auto), for callers
+    that pass nothing; errors then name DELTABUS_ENGINE (``field`` names another source)."""
     from .delta_spark import delta_jvm_available
 
-    chosen = engine if engine is not None else os.environ.get(ENGINE_ENV, "auto") or "auto"
-    field = "engine" if engine is not None else ENGINE_ENV
-    if chosen not in ENGINES:
-        raise InvalidArgument(field, f"must be one of {', '.join(ENGINES)}, got {chosen!r}")
+    field = field or ("engine" if engine is not None else ENGINE_ENV)
+    chosen = engine_name(field, engine) if engine is not None else engine_default()
     if chosen == "delta-rs":
         return chosen
-    if spark is None:
-        spark = _active_spark()
     has_delta = spark is not None and delta_jvm_available(spark)
     if chosen == "auto":
         return "delta-spark" if has_delta else "delta-rs"
@@ -108,27 +101,30 @@ def require_warehouse(
 def open_engine(
     warehouse: str,
     *,
-    engine: str | None = None,
+    engine: EngineName | None = None,
     storage_options: Mapping[str, str] | None = None,
     spark: "SparkSession | None" = None,
     create: bool = True,
+    engine_field: str | None = None,
 ) -> Engine:
     """Open the warehouse's tables on the chosen engine.
 
     With ``create`` (jobs, set-up, topic creation) a missing warehouse is created; without
     it a missing one raises ``WarehouseNotFound`` and nothing is written. Either way the
-    tables a warehouse of an older version lacks are added.
+    tables a warehouse of an older version lacks are added. ``engine_field`` names where
+    ``engine`` came from in errors (default "engine", or DELTABUS_ENGINE when None).
     """
     if create:
         check_warehouse_path(warehouse)
     else:
         require_warehouse(warehouse, storage_options)
-    chosen = choose_engine(engine, spark)
+    chosen = choose_engine(engine, spark, field=engine_field)
     store: Engine
     if chosen == "delta-spark":
         from .delta_spark import DeltaSparkEngine
 
-        store = DeltaSparkEngine(warehouse, spark or _active_spark(), storage_options=storage_options)  # type: ignore[arg-type]
+        assert spark is not None  # choose_engine picks delta-spark only with a session
+        store = DeltaSparkEngine(warehouse, spark, storage_options=storage_options)
     else:
         store = DeltaRsEngine(warehouse, storage_options=storage_options)
     store.ensure_tables()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -45,10 +44,6 @@ _UPDATABLE = {"ack_deadline_seconds", "push_config", "labels"}
 _POLL = Backoff(initial=0.05, maximum=0.5)
 
 
-def allow_http_default() -> bool:
-    return os.environ.get("DELTABUS_ALLOW_HTTP", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 class SubscriberClient(ClientBase):
     """Create subscriptions and receive messages by pull or streaming pull.
 
@@ -59,7 +54,7 @@ class SubscriberClient(ClientBase):
     def __init__(self, warehouse: str | None = None, *, allow_http: bool | None = None, **kwargs: Any) -> None:
         self._closed = False
         super().__init__(warehouse, **kwargs)
-        self._allow_http = allow_http_default() if allow_http is None else bool(allow_http)
+        self._allow_http = self._settings.allow_http if allow_http is None else bool(allow_http)
         self._streams: list[StreamingPullManager] = []
         self._streams_lock = threading.Lock()
 
