@@ -54,7 +54,9 @@ def latest_per_message(items: Iterable[tuple[str, int]]) -> pa.Table:
     )
 
 
-def rows(sub_uid: str, kind: OutcomeKind, deliveries: pa.Table, lease_expires_us: int | pa.Array | None = None) -> pa.Table:
+def rows(
+    sub_uid: str, kind: OutcomeKind, deliveries: pa.Table, lease_expires_us: int | pa.Array | pa.ChunkedArray | None = None
+) -> pa.Table:
     """Source rows applying `kind` to `deliveries` (message_id, delivery_attempt).
 
     `lease_expires_us`: the new deadline for DEADLINE, the retry time for NACK and EXPIRY
@@ -62,8 +64,8 @@ def rows(sub_uid: str, kind: OutcomeKind, deliveries: pa.Table, lease_expires_us
     n = deliveries.num_rows
     op = op_of(kind)
     if op in (Op.ACK, Op.GIVE_UP):
-        lease: pa.Array = pa.nulls(n, TS)
-    elif isinstance(lease_expires_us, pa.Array):
+        lease: pa.Array | pa.ChunkedArray = pa.nulls(n, TS)
+    elif isinstance(lease_expires_us, (pa.Array, pa.ChunkedArray)):
         lease = lease_expires_us.cast(TS)
     else:
         if lease_expires_us is None and op is Op.DEADLINE:
@@ -112,7 +114,7 @@ def decide(
     results = [
         IdResult(m, a, Result.SUCCESS if m in ok and keep[m] == a else Result.INVALID_ACK_ID) for m, a in requested
     ]
-    mask = pc.is_in(latest["message_id"], pa.array(sorted(ok), pa.string()))
+    mask = pc.is_in(latest["message_id"], pa.array(sorted(ok), pa.string())).combine_chunks()
     if isinstance(lease_expires_us, pa.Array):
         lease_expires_us = lease_expires_us.filter(mask)
     return Decision(results, rows(sub_uid, kind, latest.filter(mask), lease_expires_us))
@@ -132,7 +134,10 @@ def read_current(snap: Snapshot, sub_uid: str, message_ids: Sequence[str]) -> pa
             return pa.array([False] * actions.num_rows)
         return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
 
+    # delta-rs's MERGE writes message_id as string_view: a plain isin() filter then fails in
+    # pyarrow's statistics pruning ("greater_equal (string, string_view)", measured with
+    # deltalake 1.6.6); comparing the cast column avoids it. File skipping is by `outside`.
     return snap.read_first(
         len(ids), [("message_id", "ascending")], CURRENT_COLUMNS, partition=sub_uid,
-        filter=pc.field("message_id").isin(ids), skip_files=outside,
+        filter=pc.field("message_id").cast(pa.string()).isin(ids), skip_files=outside,
     )

@@ -107,7 +107,7 @@ def select(
     if hooks.eligible is not None and (available.num_rows or fresh.num_rows):
         mask_available, mask_fresh = hooks.eligible(available, fresh)
         available = available.filter(mask_available)
-        fresh_ok = [bool(v) for v in pa.array(mask_fresh).to_pylist()]
+        fresh_ok = [bool(v) for v in mask_fresh.to_pylist()]
     attempts = pc.add(available["delivery_attempt"], pa.scalar(1, pa.int32())).combine_chunks()
     given_up = 0
     if hooks.give_up is not None and available.num_rows:

@@ -1,0 +1,88 @@
+"""Outcomes as pure decisions: current rows and requested deliveries in, results and source out."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from deltabus.delivery.merge import NACKED_US, OPS_MERGE, clauses_for, pinned_on
+from deltabus.delivery.model import IdResult, Op, OutcomeKind, Result
+from deltabus.delivery.outcomes import decide, latest_per_message, rows
+from deltabus.timestamps import TS
+
+LEASED = 1_700_000_000_000_000
+OK, BAD = Result.SUCCESS, Result.INVALID_ACK_ID
+
+
+def current(*rows_: tuple[str, int, int | None]) -> pa.Table:
+    """(message_id, delivery_attempt, lease_expires us or None) rows in the snapshot."""
+    return pa.table(
+        {
+            "message_id": pa.array([r[0] for r in rows_], pa.string()),
+            "delivery_attempt": pa.array([r[1] for r in rows_], pa.int32()),
+            "lease_expires": pa.array([r[2] for r in rows_], TS),
+        }
+    )
+
+
+def source(table: pa.Table) -> list[tuple[str, str, int, int | None]]:
+    lease = table["lease_expires"].cast(pa.int64()).to_pylist()
+    return list(zip(table["op"].to_pylist(), table["message_id"].to_pylist(), table["delivery_attempt"].to_pylist(), lease))
+
+
+def test_ack_succeeds_only_for_the_current_delivery() -> None:
+    now = current(("a", 2, LEASED), ("b", 1, LEASED))
+    got = decide("s1", OutcomeKind.ACK, [("a", 2), ("b", 3), ("gone", 1), ("b", 1)], now)
+    # b is requested twice: the latest attempt (3) is kept and it is not b's current delivery
+    assert got.results == [IdResult("a", 2, OK), IdResult("b", 3, BAD), IdResult("gone", 1, BAD), IdResult("b", 1, BAD)]
+    assert source(got.source) == [("ack", "a", 2, None)]
+
+
+def test_an_expired_lease_still_acks_while_nobody_else_holds_it() -> None:
+    got = decide("s1", OutcomeKind.ACK, [("a", 1)], current(("a", 1, 5)))
+    assert got.results == [IdResult("a", 1, OK)]
+
+
+def test_nack_ends_the_lease_at_the_sentinel_and_skips_undelivered_rows() -> None:
+    got = decide("s1", OutcomeKind.NACK, [("a", 1), ("never", 0)], current(("a", 1, LEASED), ("never", 0, None)))
+    assert [r.result for r in got.results] == [OK, BAD]
+    assert source(got.source) == [("nack", "a", 1, NACKED_US)]
+
+
+def test_extension_never_revives_a_nacked_row() -> None:
+    later = LEASED + 30_000_000
+    now = current(("a", 1, NACKED_US), ("b", 1, LEASED), ("c", 1, None))
+    got = decide("s1", OutcomeKind.DEADLINE, [("a", 1), ("b", 1), ("c", 1)], now, later)
+    assert [r.result for r in got.results] == [BAD, OK, BAD]
+    assert source(got.source) == [("deadline", "b", 1, later)]
+
+
+def test_nothing_applies_means_an_empty_source() -> None:
+    got = decide("s1", OutcomeKind.ACK, [("x", 1)], current())
+    assert got.results == [IdResult("x", 1, BAD)] and got.source.num_rows == 0
+
+
+def test_retry_delay_array_follows_the_applied_rows() -> None:
+    now = current(("a", 1, LEASED), ("b", 1, LEASED))
+    delays = pa.array([111, 222], pa.int64())  # one per message of latest_per_message, in order a, b
+    got = decide("s1", OutcomeKind.NACK, [("a", 9), ("b", 1)], now, delays)
+    assert source(got.source) == [("nack", "b", 1, 222)]
+
+
+def test_rows_without_reading() -> None:
+    keyed = latest_per_message([("a", 1), ("a", 3), ("b", 2)])
+    assert keyed.to_pylist() == [{"message_id": "a", "delivery_attempt": 3}, {"message_id": "b", "delivery_attempt": 2}]
+    assert source(rows("s1", OutcomeKind.ACK, keyed)) == [("ack", "a", 3, None), ("ack", "b", 2, None)]
+    assert source(rows("s1", OutcomeKind.EXPIRY, keyed))[0] == ("nack", "a", 3, NACKED_US)
+    with pytest.raises(ValueError, match="lease_expires_us"):
+        rows("s1", OutcomeKind.DEADLINE, keyed)
+
+
+def test_merge_clauses_per_op_and_pinning() -> None:
+    assert clauses_for([Op.ACK]) == [OPS_MERGE[0]]
+    assert clauses_for([Op.INSERT, Op.LEASE, Op.ACK]) == [c for c in OPS_MERGE if c in clauses_for([Op.INSERT, Op.LEASE, Op.ACK])]
+    assert len(clauses_for(list(Op))) == len(OPS_MERGE)
+    assert pinned_on(["u1"]) == "t.sub_uid = 'u1' AND t.message_id = s.message_id"
+    assert pinned_on(["u2", "u1"]).startswith("t.sub_uid IN ('u1', 'u2') AND t.sub_uid = s.sub_uid")
+    with pytest.raises(ValueError):
+        pinned_on(["bad'uid"])

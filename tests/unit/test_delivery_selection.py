@@ -1,0 +1,114 @@
+"""Lease selection as pure functions: Arrow tables in, MERGE source rows and leases out."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltabus.delivery.fanout import FANOUT_ORDER, prepare
+from deltabus.delivery.hooks import DeliveryHooks
+from deltabus.delivery.merge import SOURCE_SCHEMA
+from deltabus.delivery.model import Lease, Op
+from deltabus.delivery.selection import empty_available, select
+from deltabus.delivery.cursor import empty_fanout
+from deltabus.timestamps import TS
+
+EXPIRES = 1_700_000_010_000_000
+
+
+def available(*rows: tuple[str, int, int]) -> pa.Table:
+    """(message_id, message_version, delivery_attempt) rows, all due now."""
+    return pa.table(
+        {
+            "message_id": pa.array([r[0] for r in rows], pa.string()),
+            "message_version": pa.array([r[1] for r in rows], pa.int64()),
+            "publish_time": pa.array([0] * len(rows), TS),
+            "delivery_attempt": pa.array([r[2] for r in rows], pa.int32()),
+            "lease_expires": pa.nulls(len(rows), TS),
+        }
+    )
+
+
+def fresh(*rows: tuple[str, int], keys: list[str] | None = None) -> pa.Table:
+    """(message_id, message_version) new messages, in fan-out order."""
+    return pa.table(
+        {
+            "message_id": pa.array([r[0] for r in rows], pa.string()),
+            "publish_time": pa.array([0] * len(rows), TS),
+            "ordering_key": pa.array(keys or [""] * len(rows), pa.string()),
+            "size_bytes": pa.array([1] * len(rows), pa.int64()),
+            "message_version": pa.array([r[1] for r in rows], pa.int64()),
+        }
+    )
+
+
+def ops(parts: list[pa.Table]) -> list[tuple[str, str, int, int | None]]:
+    source = pa.concat_tables(parts)
+    assert source.schema == SOURCE_SCHEMA
+    lease = source["lease_expires"].cast(pa.int64()).to_pylist()
+    return list(zip(source["op"].to_pylist(), source["message_id"].to_pylist(), source["delivery_attempt"].to_pylist(), lease))
+
+
+def test_redeliveries_first_then_new_messages_up_to_room() -> None:
+    got = select("s1", available(("a", 3, 1), ("b", 4, 2)), fresh(("c", 7), ("d", 7), ("e", 8)), 3, EXPIRES)
+    assert got.leases == [Lease("a", 2, 3), Lease("b", 3, 4), Lease("c", 1, 7)]
+    assert ops(got.parts) == [
+        ("lease", "a", 2, EXPIRES), ("lease", "b", 3, EXPIRES),
+        ("insert", "c", 1, EXPIRES), ("insert", "d", 0, None), ("insert", "e", 0, None),
+    ]
+    assert got.inserted == 3 and got.given_up == 0
+    assert set(pa.concat_tables(got.parts)["sub_uid"].to_pylist()) == {"s1"}
+
+
+def test_no_room_inserts_every_new_message_unleased() -> None:
+    got = select("s1", empty_available(), fresh(("c", 7), ("d", 8)), 0, EXPIRES)
+    assert got.leases == []
+    assert ops(got.parts) == [("insert", "c", 0, None), ("insert", "d", 0, None)]
+
+
+def test_available_beyond_room_is_left_alone() -> None:
+    got = select("s1", available(("a", 1, 0), ("b", 2, 1), ("c", 3, 0)), empty_fanout(), 2, EXPIRES)
+    assert [l.message_id for l in got.leases] == ["a", "b"]
+    assert ops(got.parts) == [("lease", "a", 1, EXPIRES), ("lease", "b", 2, EXPIRES)]
+
+
+def test_nothing_to_do_is_no_source() -> None:
+    got = select("s1", empty_available(), empty_fanout(), 10, EXPIRES)
+    assert got.parts == [] and got.leases == [] and got.inserted == 0
+
+
+def test_ordering_hook_holds_back_candidates() -> None:
+    # One outstanding message per key, as issue 13 will ask: only the first of key "k" may go.
+    def first_per_key(avail: pa.Table, new: pa.Table) -> tuple[pa.Array, pa.Array]:
+        seen: set[str] = set()
+        mask = []
+        for key in new["ordering_key"].to_pylist():
+            mask.append(key == "" or key not in seen)
+            seen.add(key)
+        return pa.array([True] * avail.num_rows, pa.bool_()), pa.array(mask, pa.bool_())
+
+    hooks = DeliveryHooks(eligible=first_per_key)
+    got = select("s1", empty_available(), fresh(("a", 1), ("b", 1), ("c", 2), keys=["k", "k", "j"]), 5, EXPIRES, hooks)
+    assert [l.message_id for l in got.leases] == ["a", "c"]
+    assert ops(got.parts) == [("insert", "a", 1, EXPIRES), ("insert", "b", 0, None), ("insert", "c", 1, EXPIRES)]
+
+
+def test_attempt_limit_hook_gives_up_instead_of_leasing() -> None:
+    hooks = DeliveryHooks(give_up=lambda attempts: pc.greater(attempts, 5))
+    got = select("s1", available(("a", 1, 5), ("b", 2, 1)), empty_fanout(), 1, EXPIRES, hooks)
+    assert got.given_up == 1
+    assert got.leases == [Lease("b", 2, 2)]
+    # the give-up row names the delivery that ran out (attempt 5), so a late ack still races it fairly
+    assert ops(got.parts) == [("give_up", "a", 5, None), ("lease", "b", 2, EXPIRES)]
+
+
+def test_fanout_sorted_by_version_then_id_and_filtered() -> None:
+    rows = fresh(("b", 2), ("c", 1), ("a", 2))
+    assert prepare(rows)["message_id"].to_pylist() == ["c", "a", "b"]
+    kept = prepare(rows, keep=lambda t: pc.not_equal(t["message_id"], "a"))
+    assert kept["message_id"].to_pylist() == ["c", "b"]
+    assert FANOUT_ORDER[0][0] == "message_version"
+
+
+def test_op_values_are_the_merge_vocabulary() -> None:
+    assert {o.value for o in Op} == {"insert", "lease", "ack", "nack", "deadline", "give_up"}
