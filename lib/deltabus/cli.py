@@ -358,13 +358,15 @@ def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
-    from .storage import require_warehouse
-    from .storage.maintenance import maintain_warehouse
+    import time
+
+    from . import retention
+    from .storage import open_engine
 
     if args.retention_hours < 0:
         raise InvalidArgument("--retention-hours", f"must be >= 0, got {args.retention_hours}")
-    require_warehouse(args.warehouse)
-    rows = maintain_warehouse(args.warehouse, retention_hours=args.retention_hours)
+    engine = open_engine(args.warehouse, engine="delta-rs", create=False)  # maintenance is delta-rs's
+    rows = retention.maintain(engine, retention_hours=args.retention_hours, clock=time.time)
     print(_table(rows, ["table", "files_before", "files_after", "vacuumed", "compactions_skipped", "version"]), file=out)
 
 

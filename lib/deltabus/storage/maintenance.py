@@ -15,6 +15,9 @@ compaction the cost of a message grows with the history of the table.
 - **Checkpoints**: delta-rs writes one every ``delta.checkpointInterval`` (100) commits.
 - **Vacuum** (``vacuum``): deletes files no version within the retention needs (7 days
   by default, the log's own retention, so cursors within it can still read the feed).
+  How much longer a table's history must stay is the caller's to say (``keep_hours``):
+  storage knows nothing of subscriptions. ``deltabus.retention`` works it out for the
+  messages table from the subscriptions' fan-out cursors and calls ``maintain_warehouse``.
 - **Purge**: an ack deletes its ``deliveries`` row in the same MERGE, so acked rows never
   linger; vacuum then frees their files.
 """
@@ -69,9 +72,19 @@ def vacuum(dt: Any, retention_hours: int = DEFAULT_RETENTION_HOURS) -> list[str]
     return dt.vacuum(retention_hours=retention_hours, enforce_retention_duration=False, dry_run=False)
 
 
-def maintain_warehouse(warehouse: str, *, retention_hours: int = DEFAULT_RETENTION_HOURS, min_files: int = 2) -> list[dict[str, Any]]:
+def maintain_warehouse(
+    warehouse: str,
+    *,
+    retention_hours: int = DEFAULT_RETENTION_HOURS,
+    min_files: int = 2,
+    keep_hours: Mapping[str, int],
+) -> list[dict[str, Any]]:
     """Compact every partition of every table holding at least `min_files` files, write a
     checkpoint, and vacuum files older than `retention_hours` that no version needs.
+
+    `keep_hours` maps a table name to the hours of history its readers still need; vacuum
+    keeps the larger of that and `retention_hours`. It is required (``{}`` says "none"), so
+    no caller forgets the fan-out cursors: use ``deltabus.retention.maintain``.
 
     Safe while publishers, pullers and the push job run: compaction changes no data and a
     conflicting compaction is skipped (the next run retries it)."""
@@ -112,41 +125,19 @@ def maintain_warehouse(warehouse: str, *, retention_hours: int = DEFAULT_RETENTI
                 skipped += 1
             dt.update_incremental()
         dt.create_checkpoint()
-        hours = retention_hours
-        if spec.name == "messages":
-            hours = max(hours, _hours_to_keep_for_fan_out(warehouse, dt))
-        removed = vacuum(dt, hours)
+        removed = vacuum(dt, max(retention_hours, keep_hours.get(spec.name, 0)))
         report.append({"table": spec.name, "files_before": before, "files_after": file_count(dt, None, None),
                        "vacuumed": len(removed), "compactions_skipped": skipped, "version": dt.version()})
     return report
 
 
-def _hours_to_keep_for_fan_out(warehouse: str, messages: Any) -> int:
-    """Hours of messages-table history that subscriptions still have to fan out.
-
-    Fan-out reads the change feed from each subscription's cursor, which needs the files
-    of those versions: vacuum must keep every file written since the oldest cursor."""
-    import math
-    import time
-
+def first_commit_since(table_uri: str, version: int, storage_options: Mapping[str, str] | None = None) -> float | None:
+    """The time (seconds since the epoch) of the earliest commit at or after `version` of the
+    table, from its log's history; None when there is none (`version` is past the end)."""
     from deltalake import DeltaTable
 
-    from ..leasing import cursor_app_id
-    from .arrow import read_table
-
-    subs = read_table(f"{warehouse.rstrip('/')}/subscriptions", ["sub_uid", "start_version"]).to_pylist()
-    if not subs:
-        return 0
-    deliveries = DeltaTable(f"{warehouse.rstrip('/')}/deliveries")
-    cursors = []
-    for row in subs:
-        cursor = deliveries.transaction_version(cursor_app_id(row["sub_uid"]))
-        cursors.append(row["start_version"] if cursor is None else cursor)
-    oldest = min(cursors) + 1
-    if oldest > messages.version():
-        return 0
-    stamps = [h["timestamp"] for h in messages.history() if h.get("version", -1) >= oldest and "timestamp" in h]
-    if not stamps:
-        return 0
-    age_hours = (time.time() - min(stamps) / 1000.0) / 3600.0
-    return int(math.ceil(age_hours)) + 1
+    dt = DeltaTable(table_uri, storage_options=dict(storage_options) if storage_options else None)
+    if version > dt.version():
+        return None
+    stamps = [h["timestamp"] for h in dt.history() if h.get("version", -1) >= version and "timestamp" in h]
+    return min(stamps) / 1000.0 if stamps else None
