@@ -20,8 +20,9 @@ from ..registry import SubscriptionRecord
 FanoutFilter = Callable[[pa.Table], pa.Array]
 # (rows nacked: message_id, delivery_attempt; now in seconds) -> lease_expires (us) per row.
 RetryDelay = Callable[[pa.Table, float], pa.Array]
-# candidates (state columns, in lease order) -> boolean mask: True = may be leased now.
-Eligibility = Callable[[pa.Table], pa.Array]
+# (available rows: STATE_COLUMNS, new messages: FANOUT_COLUMNS; each in lease order) ->
+# (mask over available, mask over new): True = may be leased now.
+Eligibility = Callable[[pa.Table, pa.Table], tuple[pa.Array, pa.Array]]
 # the attempt each candidate would get -> boolean mask: True = give up instead of leasing.
 AttemptLimit = Callable[[pa.Array], pa.Array]
 
