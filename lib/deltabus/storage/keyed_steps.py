@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import FailedPrecondition, InvalidArgument
-from .engine import AppTxn, Engine, Snapshot, literal
+from .engine import AppTxn, Engine, MatchedDelete, Snapshot, literal
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _APP_ID = re.compile(r"^[A-Za-z0-9_\-:.]+$")
@@ -134,12 +134,16 @@ class MarkedMove:
         """Step 3: delete the source rows marked `key` (run only after ``copy``). Returns
         how many there were; 0 when done before."""
 
+        # A MERGE pinned to the partition, not a DELETE: delta-spark's snapshot check then
+        # counts only this partition's changes as a conflict, as delta-rs does.
+        part, mark = self.partition_column, self.mark_column
+        source = pa.table({part: pa.array([self.partition], pa.string()), mark: pa.array([key], pa.int64())})
+        on = f"t.{part} = {literal(self.partition)} AND t.{part} = s.{part} AND t.{mark} = s.{mark}"
+
         def attempt(snap: Snapshot) -> int:
-            n = self.marked(snap, key).num_rows
+            n = int(self.marked(snap, key).num_rows)
             if n:
-                snap.delete(
-                    f"{self.partition_column} = {literal(self.partition)} AND {self.mark_column} = {int(key)}"
-                )
+                snap.merge(source, on, [MatchedDelete()])
             return n
 
         return engine.transact(self.source, attempt, what=f"drop moved rows of {self.source} {self.partition} key {key}")
