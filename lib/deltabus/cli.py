@@ -141,18 +141,35 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _subscription_dict(s: Any) -> dict[str, Any]:
+    """What `subscriptions get/list` show: name, topic, every field with a flag, the push config."""
+    from . import subscription_fields
+
     pc = s.push_config
+    shown: dict[str, Any] = {"name": s.name, "topic": s.topic}
+    for fld in subscription_fields.WITH_FLAG:
+        value = getattr(s, fld.name)
+        shown[fld.name] = dict(value) if isinstance(value, Mapping) else value
     return {
-        "name": s.name,
-        "topic": s.topic,
-        "ack_deadline_seconds": s.ack_deadline_seconds,
+        **shown,
         "push_endpoint": pc.push_endpoint,
         "oidc_service_account": pc.oidc_token.service_account_email if pc.oidc_token else "",
         "oidc_audience": pc.oidc_token.audience if pc.oidc_token else "",
         "no_wrapper": pc.no_wrapper is not None,
         "write_metadata": bool(pc.no_wrapper and pc.no_wrapper.write_metadata),
-        "labels": dict(s.labels),
     }
+
+
+def _field_flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The subscription fields given by their flags (``subscription_fields.WITH_FLAG``), by field name."""
+    from . import subscription_fields
+
+    out: dict[str, Any] = {}
+    for fld in subscription_fields.WITH_FLAG:
+        assert fld.cli is not None
+        raw = getattr(args, fld.cli.dest, None)  # update has no flag for a field it cannot change
+        if raw is not None:
+            out[fld.name] = _pairs(raw, fld.cli.flag) if fld.cli.collect == "pairs" else raw
+    return out
 
 
 def _publisher(args: argparse.Namespace) -> Any:
@@ -192,12 +209,9 @@ def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
 def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
     if args.action == "create":
         push = _push_config(args)  # checked before the warehouse is opened
-        labels = _pairs(args.label, "--label")
+        given = _field_flag_values(args)
         sub = _subscriber(args, _allow_http(args))
-        s = sub.create_subscription(
-            name=_sub(args, args.name), topic=_topic(args, args.topic), push_config=push,
-            ack_deadline_seconds=args.ack_deadline, labels=labels,
-        )
+        s = sub.create_subscription(name=_sub(args, args.name), topic=_topic(args, args.topic), push_config=push, **given)
         print(f"created {'push' if s.push_config.is_push else 'pull'} subscription {s.name}", file=out)
     elif args.action == "list":
         rows = [_subscription_dict(s) for s in _subscriber(args).list_subscriptions(project=args.project)]
@@ -206,14 +220,9 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
         print(json.dumps(_subscription_dict(_subscriber(args).get_subscription(subscription=_sub(args, args.name))), indent=2), file=out)
     elif args.action == "update":
         name = _sub(args, args.name)
-        body: dict[str, Any] = {"name": name}
-        mask = []
-        if args.ack_deadline is not None:
-            body["ack_deadline_seconds"] = args.ack_deadline
-            mask.append("ack_deadline_seconds")
-        if args.label is not None:
-            body["labels"] = _pairs(args.label, "--label")
-            mask.append("labels")
+        given = _field_flag_values(args)
+        body: dict[str, Any] = {"name": name, **given}
+        mask = list(given)
         if args.pull:
             args.push_endpoint = ""  # the push options then need --push-endpoint: an error, not ignored
         push = _push_config(args)
@@ -221,7 +230,10 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
             body["push_config"] = push
             mask.append("push_config")
         if not mask:
-            raise InvalidArgument("update", "nothing to change: give --ack-deadline, --label, --push-endpoint or --pull")
+            from .subscription_fields import WITH_FLAG
+
+            flags = [f.cli.flag for f in WITH_FLAG if f.cli is not None and f.updatable]
+            raise InvalidArgument("update", f"nothing to change: give {', '.join(flags)}, --push-endpoint or --pull")
         s = _subscriber(args, _allow_http(args)).update_subscription(subscription=body, update_mask=mask)
         print(f"updated {s.name}: {', '.join(mask)}", file=out)
     elif args.action == "delete":
@@ -423,24 +435,37 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--write-metadata", action="store_true", help="with --no-wrapper: message metadata in headers")
         q.add_argument("--allow-http", action="store_true", help="allow a plain http:// endpoint (localhost, tests)")
 
+    from .subscription_fields import WITH_FLAG
+
+    def field_options(q: argparse.ArgumentParser, update: bool) -> None:
+        """A flag per subscription field that declares one (on update: the updatable ones)."""
+        for fld in WITH_FLAG:
+            flag = fld.cli
+            assert flag is not None
+            if update and not fld.updatable:
+                continue
+            help = flag.update_help if update else flag.create_help
+            if flag.collect == "pairs":
+                q.add_argument(flag.flag, action="append", metavar=flag.metavar, help=help)
+            else:
+                q.add_argument(flag.flag, type=flag.parse, metavar=flag.metavar, help=help)
+
     s = command(cmds, "subscriptions", "create, list, get, update or delete subscriptions")
     sa = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     c = command(sa, "create", "create a subscription",
-                {"name": "SUBSCRIPTION", "topic": "--topic", "ack_deadline_seconds": "--ack-deadline", "labels": "--label", **PUSH_FLAGS})
+                {"name": "SUBSCRIPTION", "topic": "--topic", **{f.name: f.cli.flag for f in WITH_FLAG if f.cli}, **PUSH_FLAGS})
     c.add_argument("name", metavar="SUBSCRIPTION")
     c.add_argument("--topic", required=True)
-    c.add_argument("--ack-deadline", type=int, metavar="SECONDS", help="10..600 (default 10)")
-    c.add_argument("--label", action="append", metavar="KEY=VALUE")
+    field_options(c, update=False)
     push_options(c)
     command(sa, "list", "list the project's subscriptions")
     g = command(sa, "get", "show one subscription as JSON", {"subscription": "SUBSCRIPTION"})
     g.add_argument("name", metavar="SUBSCRIPTION")
     u = command(sa, "update", "change the ack deadline, labels or push configuration",
-                {"subscription.name": "SUBSCRIPTION", "subscription.ack_deadline_seconds": "--ack-deadline",
-                 "subscription.labels": "--label", **PUSH_FLAGS})
+                {"subscription.name": "SUBSCRIPTION", **{f"subscription.{f.name}": f.cli.flag for f in WITH_FLAG if f.cli},
+                 **PUSH_FLAGS})
     u.add_argument("name", metavar="SUBSCRIPTION")
-    u.add_argument("--ack-deadline", type=int, metavar="SECONDS", help="10..600")
-    u.add_argument("--label", action="append", metavar="KEY=VALUE", help="replace the labels")
+    field_options(u, update=True)
     mode = u.add_mutually_exclusive_group()
     mode.add_argument("--pull", action="store_true", help="turn into a pull subscription")
     push_options(u, endpoint=mode)

@@ -13,7 +13,9 @@ import pyarrow.compute as pc
 from .errors import AlreadyExists, NotFound
 from .storage import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, literal
 from .storage.tables import SUBSCRIPTIONS, TOPICS
-from .types import NoWrapper, OidcToken, PushConfig, Subscription, Topic
+from . import subscription_fields
+from .names import DELETED_TOPIC
+from .types import Subscription, Topic
 
 Clock = Callable[[], float]
 
@@ -37,85 +39,35 @@ class TopicRecord:
         return Topic(name=self.name, labels=dict(self.labels))
 
 
-@dataclass(frozen=True, slots=True)
-class SubscriptionRecord:
-    name: str
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubscriptionRecord(Subscription):
+    """A subscription as the registry stores it: its public settings (the fields of
+    ``types.Subscription``, so a field declared once is here too) plus the internal columns.
+
+    ``topic`` is the topic it was created on, even once that topic is deleted; ``public()``
+    then shows ``_deleted-topic_``. Which columns exist and how they are stored comes from
+    ``subscription_fields.COLUMNS``."""
+
     sub_uid: str
-    topic: str
     topic_uid: str
-    push_config: PushConfig
-    ack_deadline_seconds: int
-    labels: Mapping[str, str]
-    enable_message_ordering: bool
+    # messages-table version at creation: the subscription point.
     start_version: int
     create_time: dt.datetime | None = None
     update_time: dt.datetime | None = None
 
     def public(self, topic_live: bool = True) -> Subscription:
-        return Subscription(
-            name=self.name,
-            topic=self.topic if topic_live else "_deleted-topic_",
-            push_config=self.push_config,
-            ack_deadline_seconds=self.ack_deadline_seconds,
-            labels=dict(self.labels),
-            enable_message_ordering=self.enable_message_ordering,
-        )
-
-
-def _push_row(pc_: PushConfig) -> dict[str, Any]:
-    return {
-        "push_endpoint": pc_.push_endpoint,
-        "attributes": list(pc_.attributes.items()),
-        "oidc_token": None
-        if pc_.oidc_token is None
-        else {"service_account_email": pc_.oidc_token.service_account_email, "audience": pc_.oidc_token.audience},
-        "no_wrapper": None if pc_.no_wrapper is None else {"write_metadata": pc_.no_wrapper.write_metadata},
-    }
-
-
-def _push_from_row(row: Mapping[str, Any] | None) -> PushConfig:
-    if not row:
-        return PushConfig()
-    oidc = row.get("oidc_token")
-    nowrap = row.get("no_wrapper")
-    return PushConfig.stored(
-        push_endpoint=row.get("push_endpoint") or "",
-        attributes=dict(row.get("attributes") or []),
-        oidc_token=OidcToken(**oidc) if oidc else None,
-        no_wrapper=NoWrapper(**nowrap) if nowrap else None,
-    )
+        values = subscription_fields.public_values(self)
+        if not topic_live:
+            values["topic"] = DELETED_TOPIC
+        return Subscription(**values)
 
 
 def _sub_row(r: SubscriptionRecord) -> dict[str, Any]:
-    return {
-        "name": r.name,
-        "sub_uid": r.sub_uid,
-        "topic": r.topic,
-        "topic_uid": r.topic_uid,
-        "push_config": _push_row(r.push_config),
-        "ack_deadline_seconds": r.ack_deadline_seconds,
-        "labels": list(r.labels.items()),
-        "enable_message_ordering": r.enable_message_ordering,
-        "start_version": r.start_version,
-        "create_time": r.create_time,
-        "update_time": r.update_time,
-    }
+    return subscription_fields.store({c.name: getattr(r, c.name) for c in subscription_fields.COLUMNS})
 
 
 def _sub_from_row(row: Mapping[str, Any]) -> SubscriptionRecord:
-    return SubscriptionRecord(
-        name=row["name"],
-        sub_uid=row["sub_uid"],
-        topic=row["topic"],
-        topic_uid=row["topic_uid"],
-        push_config=_push_from_row(row.get("push_config")),
-        ack_deadline_seconds=int(row["ack_deadline_seconds"]),
-        labels=dict(row.get("labels") or []),
-        enable_message_ordering=bool(row.get("enable_message_ordering")),
-        start_version=int(row["start_version"]),
-        create_time=row.get("create_time"),
-        update_time=row.get("update_time"),
-    )
+    return SubscriptionRecord(**subscription_fields.load(row))
 
 
 def _all_columns(schema: pa.Schema) -> dict[str, str]:
@@ -195,29 +147,20 @@ class Registry:
         rec = self.topic(name)
         self._delete_named(TOPICS.name, "topic", name, "topic_uid", rec.topic_uid)
 
-    def create_subscription(
-        self,
-        name: str,
-        topic: TopicRecord,
-        push_config: PushConfig,
-        ack_deadline_seconds: int,
-        labels: Mapping[str, str],
-        enable_message_ordering: bool,
-    ) -> SubscriptionRecord:
+    def create_subscription(self, settings: Subscription, topic: TopicRecord) -> SubscriptionRecord:
+        """Register a subscription with validated ``settings`` on ``topic`` (settings.topic
+        names it). Raises AlreadyExists when the name is taken."""
+        if settings.topic != topic.name:
+            raise ValueError(f"settings name topic {settings.topic!r}, but the record is of {topic.name!r}")
         # The subscription point: every message committed after this version is delivered.
         # Read before the subscription commits, so a publish that starts after
         # create_subscription returns always lands at a later version.
         start_version = self._engine.version("messages")
         now = utc(self._clock())
         rec = SubscriptionRecord(
-            name=name,
+            **subscription_fields.public_values(settings),
             sub_uid=new_uid("s"),
-            topic=topic.name,
             topic_uid=topic.topic_uid,
-            push_config=push_config,
-            ack_deadline_seconds=ack_deadline_seconds,
-            labels=dict(labels),
-            enable_message_ordering=enable_message_ordering,
             start_version=start_version,
             create_time=now,
             update_time=now,

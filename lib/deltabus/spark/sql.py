@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..names import DELETED_TOPIC
+from ..subscription_fields import VIEW_COLUMNS
 from ..storage.delta_spark import delta_jvm_available
 from ..storage.tables import ALL
 from . import table_source
@@ -20,11 +21,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 VIEWS = {
     "topics": "SELECT name, labels, create_time FROM _deltabus_topics",
+    # Its columns: the public fields of the one declaration of a subscription's fields.
     "subscriptions": f"""
         SELECT s.name,
                CASE WHEN t.name IS NULL THEN '{DELETED_TOPIC}' ELSE s.topic END AS topic,
-               s.push_config, s.ack_deadline_seconds, s.labels, s.enable_message_ordering,
-               s.create_time, s.update_time
+               {", ".join(f"s.{c}" for c in VIEW_COLUMNS)}
         FROM _deltabus_subscriptions s LEFT JOIN _deltabus_topics t ON s.topic_uid = t.topic_uid""",
     "messages": """
         SELECT topic, message_id, data, attributes, ordering_key, publish_time, size_bytes

@@ -10,7 +10,7 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import ackid, backlog, names, pagination
+from .. import ackid, backlog, names, pagination, subscription_fields
 from ..delivery import operations as delivery
 from ..delivery.payloads import fetch_messages
 from .._closing import refused_when_closed
@@ -30,8 +30,6 @@ from ..types import (
     PushConfig,
     ReceivedMessage,
     Subscription,
-    validate_ack_deadline,
-    validate_labels,
 )
 from .message import Message
 from .streaming_pull import StreamingPullManager
@@ -40,7 +38,8 @@ log = logging.getLogger(__name__)
 
 MAX_PULL_MESSAGES = 10_000
 DEFAULT_PULL_TIMEOUT = 10.0
-_UPDATABLE = {"ack_deadline_seconds", "push_config", "labels"}
+# Derived from the declaration of a subscription's fields.
+_UPDATABLE = set(subscription_fields.UPDATABLE)
 _POLL = Backoff(initial=0.05, maximum=0.5)
 
 
@@ -89,7 +88,7 @@ class SubscriberClient(ClientBase):
         f = fields(
             "create_subscription",
             request,
-            {"name", "topic", "push_config", "ack_deadline_seconds", "labels", "enable_message_ordering"},
+            {fld.name for fld in subscription_fields.SETTABLE},
             name=name,
             topic=topic,
             push_config=push_config,
@@ -97,16 +96,9 @@ class SubscriberClient(ClientBase):
             labels=labels,
             enable_message_ordering=enable_message_ordering,
         )
-        sub_name = str(names.parse_subscription(required(f, "name", "create_subscription"), "name"))
-        topic_name = str(names.parse_topic(required(f, "topic", "create_subscription")))
-        push = self._check_push(PushConfig.coerce(f.get("push_config")))
-        deadline = validate_ack_deadline(f.get("ack_deadline_seconds"))
-        lbls = validate_labels(f.get("labels"))
-        ordering = f.get("enable_message_ordering", False)
-        if not isinstance(ordering, bool):
-            raise InvalidArgument("enable_message_ordering", "must be a boolean")
-        topic_rec = self._registry.topic(topic_name)
-        rec = self._registry.create_subscription(sub_name, topic_rec, push, deadline, lbls, ordering)
+        settings = subscription_fields.create_settings(f, {"push_config": self._check_push})
+        topic_rec = self._registry.topic(settings.topic)
+        rec = self._registry.create_subscription(settings, topic_rec)
         return rec.public()
 
     @refused_when_closed
@@ -153,7 +145,8 @@ class SubscriberClient(ClientBase):
         subscription: Subscription | Mapping[str, Any] | None = None,
         update_mask: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     ) -> Subscription:
-        """Change the fields named in update_mask (ack_deadline_seconds, push_config, labels)."""
+        """Change the fields named in update_mask (the updatable ones: ack_deadline_seconds,
+        push_config, labels; see ``subscription_fields.UPDATABLE``)."""
         f = fields("update_subscription", request, {"subscription", "update_mask"}, subscription=subscription, update_mask=update_mask)
         raw = required(f, "subscription", "update_subscription")
         mask = required(f, "update_mask", "update_subscription")
@@ -176,13 +169,7 @@ class SubscriberClient(ClientBase):
         else:
             raise InvalidArgument("subscription", f"must be a Subscription or a dict, got {type(raw).__name__}")
         rec = self._sub(sub_name, "subscription.name")
-        changes: dict[str, Any] = {}
-        if "ack_deadline_seconds" in values:
-            changes["ack_deadline_seconds"] = validate_ack_deadline(values["ack_deadline_seconds"], "subscription.ack_deadline_seconds")
-        if "push_config" in values:
-            changes["push_config"] = self._check_push(PushConfig.coerce(values["push_config"]))
-        if "labels" in values:
-            changes["labels"] = validate_labels(values["labels"], "subscription.labels")
+        changes = subscription_fields.update_changes(values, paths, {"push_config": self._check_push})
         new = self._registry.replace_subscription(replace(rec, **changes))
         return new.public(self._registry.topic_is_live(new.topic_uid))
 
