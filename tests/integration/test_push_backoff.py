@@ -113,7 +113,7 @@ def test_failing_endpoints_are_named_in_the_log_and_the_backlog_without_secrets(
                 return all(job.state(uids[s]).backoff.active and job.state(uids[s]).nacked >= 3 for s in (s_down, s_gone))
 
             run_batches(job, both_failing, max_batches=100)
-            job._maybe_write_backlog(job.push_subscriptions(), force=True)
+            job.refresh_backlog(force=True)
             rows = {r["subscription"]: r for r in read_table(f"{warehouse}/backlog").to_pylist()}
             assert rows[s_down]["backoff_reason"] == "http 503" and rows[s_down]["last_status"] == "http 503"
             assert rows[s_gone]["backoff_reason"] == "connection refused" and rows[s_gone]["last_error"] == "connection refused"

@@ -54,7 +54,7 @@ def test_an_endpoint_stored_before_the_rule_still_reads_and_can_be_replaced(sub,
 
 def test_the_scheme_is_case_insensitive_everywhere(sub, topic, warehouse):
     from deltabus import SubscriberClient
-    from deltabus.push.job import endpoint_allowed
+    from deltabus.push.targets import endpoint_allowed
 
     before = table_versions(warehouse)
     name = sub.subscription_path("local", "upper")

@@ -151,13 +151,16 @@ class PushPool:
         self.workers = pool_size(workers, sc.defaultParallelism)
         self.ledger = ledger or PushLedger(clock=clock)
         self.concurrency = concurrency
-        if sc.master.startswith("local"):
+        if (sc.master or "").startswith("local"):
             advertise = bind = "127.0.0.1"
         else:
-            advertise = spark.conf.get("spark.driver.host")
+            # Spark sets spark.driver.host on every running context; its absence is a broken conf.
+            advertise = spark.conf.get("spark.driver.host") or ""
+            if not advertise:
+                raise InvalidArgument("spark.driver.host", "must be set: push workers reach the driver there")
             bind = spark.conf.get("spark.driver.bindAddress", advertise) or advertise
         self.server = PoolServer(self.ledger, host=bind, advertise=advertise, per_sub=per_sub)
-        self._closing = False
+        self._closing = threading.Event()  # set by the job's thread, read by the workers' thread
         self.restarts = 0  # times the workers' Spark job was started again
         self._thread = threading.Thread(target=self._run, name="deltabus-push-workers", daemon=True)
         self._thread.start()
@@ -194,7 +197,7 @@ class PushPool:
         dropped = self.ledger.drop_queued()
         if dropped:
             log.info("%d queued pushes not sent; their leases expire and they are redelivered", dropped)
-        self._closing = True
+        self._closing.set()
         self.server.close()
         return dropped
 
@@ -239,15 +242,18 @@ class PushPool:
         sc.setJobGroup(POOL_GROUP, f"deltabus push workers ({self.workers})", interruptOnCancel=True)
         body = pool_partition(self.server.url, self.server.key, self.concurrency)
         failures = 0
-        while not self._closing:
+        while not self._closing.is_set():
             try:
-                rows = self.spark.range(0, self.workers, 1, self.workers).mapInArrow(body, "worker string, pushed long").collect()
-                if self._closing:
+                # pool_partition's body takes an Iterator (what Spark passes); the stub says Iterable.
+                rows = self.spark.range(0, self.workers, 1, self.workers).mapInArrow(
+                    body, "worker string, pushed long"  # type: ignore[arg-type]
+                ).collect()
+                if self._closing.is_set():
                     log.info("push workers stopped after %d pushes", sum(r.pushed for r in rows))
                     return
                 log.warning("push workers ended on their own (driver unreachable?); starting them again")
             except Exception as exc:  # an executor lost, a worker crashed
-                if self._closing:
+                if self._closing.is_set():
                     return
                 log.error("push workers failed: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             lost = self.ledger.workers_gone()
@@ -255,6 +261,6 @@ class PushPool:
                 log.error("%d pushes were with the failed workers; their leases expire and they are redelivered", lost)
             failures += 1
             end = time.monotonic() + min(30.0, 0.5 * 2**failures)
-            while not self._closing and time.monotonic() < end:
+            while not self._closing.is_set() and time.monotonic() < end:
                 time.sleep(0.1)
             self.restarts += 1
