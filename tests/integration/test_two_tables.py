@@ -19,10 +19,12 @@ from deltalake import DeltaTable, write_deltalake
 import deltabus
 from deltabus.storage import open_engine
 from deltabus.storage.delta_rs import DeltaRsEngine
-from deltabus.storage.engine import AppTxn
+from deltabus.storage.delta_spark import delta_jvm_available
+from deltabus.storage.engine import AppTxn, Engine
 from deltabus.storage.keyed_steps import UnfinishedMove
 from deltabus.storage.tables import MESSAGES, TS
 from tests.integration import _two_tables_worker as worker
+from tests.integration.test_engine_contract import NO_DELTA_JARS
 
 WORKER = Path(worker.__file__)
 # (part, id, attempts): s1 rows with attempts >= 5 move; s2's stay (another partition).
@@ -154,8 +156,22 @@ def test_a_new_move_waits_for_the_unfinished_one_and_keys_grow(tmp_path: Path) -
     assert table(str(tmp_path), worker.TARGET.name)["id"] == [*MOVED, "m9"]
 
 
-def test_append_with_an_app_transaction_commits_each_version_once(warehouse: str) -> None:
-    engine = open_engine(warehouse, engine="delta-rs")
+@pytest.fixture(params=["delta-rs", "delta-spark"])
+def any_engine(request: pytest.FixtureRequest, warehouse: str) -> Engine:
+    """Each engine; delta-spark only where the tests' Spark gets the Delta jars (see
+    test_engine_contract.py), without starting Spark just to skip."""
+    if request.param == "delta-spark":
+        if not os.environ.get("DELTABUS_TEST_SPARK_PACKAGES"):
+            pytest.skip(NO_DELTA_JARS)
+        spark = request.getfixturevalue("spark")
+        if not delta_jvm_available(spark):
+            pytest.skip(NO_DELTA_JARS)
+        return open_engine(warehouse, engine="delta-spark", spark=spark)
+    return open_engine(warehouse, engine="delta-rs")
+
+
+def test_append_with_an_app_transaction_commits_each_version_once(any_engine: Engine) -> None:
+    engine = any_engine
     row = pa.table({"topic_uid": ["t"], "topic": ["projects/p/topics/t"], "message_id": ["1"], "data": [b"x"],
                     "attributes": pa.array([[]], MESSAGES.schema.field("attributes").type),
                     "ordering_key": [""], "publish_time": pa.array([0], TS), "size_bytes": [1]},
