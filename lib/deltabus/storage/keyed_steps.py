@@ -11,7 +11,8 @@ into commits, and a crash between them must neither lose nor duplicate anything.
 2. **Every later step is keyed.** The copy into the target table commits together with the
    app transaction (``app_id``, key) and is skipped when the target already records
    ``app_id`` at that key or later (``Engine.append(..., app_txn=)``). The last step deletes
-   the source rows marked with the key, which is idempotent by itself.
+   the source rows marked with the key (a MERGE pinned to the partition), which is
+   idempotent by itself.
 3. **Recovery re-runs unfinished moves.** A key still marked in the source is unfinished;
    ``recover`` runs its steps again, each one skipped if done. Any process may run it, at
    any time; the owner of the source partition runs it before it decides anew.
@@ -31,7 +32,8 @@ the earlier one would be skipped as done. One ``app_id`` per source partition, s
 different partitions (subscriptions) never share one.
 
 Layering: this module knows tables, partitions and Arrow rows, nothing of subscriptions or
-messages. The caller supplies ``carry``, turning marked source rows into target rows.
+messages. The caller supplies ``carry``, turning marked source rows into target rows. The
+source is partitioned by a string column (partition values are SQL literals here).
 """
 
 from __future__ import annotations
