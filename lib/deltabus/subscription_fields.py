@@ -303,8 +303,10 @@ def load(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def public_values(values: Any) -> dict[str, Any]:
-    """The public fields of a record (anything with those attributes), for ``types.Subscription``."""
-    return {c.name: getattr(values, c.name) for c in PUBLIC}
+    """The public fields of a record (anything with those attributes), for ``types.Subscription``.
+    Dicts are copied, so a caller changing what it got cannot change a cached record."""
+    out = {c.name: getattr(values, c.name) for c in PUBLIC}
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in out.items()}
 
 
 # -- requests ----------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import plain
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_done, txn_list
-from .tables import BY_NAME, TableSpec
+from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable as RsTable
@@ -282,20 +282,71 @@ class DeltaSparkEngine:
         return f"{self.warehouse}/{table}"
 
     def ensure_tables(self) -> None:
+        """Create the missing tables at the current schema version and migrate older ones, as
+        the embedded engine does (``DeltaRsEngine.ensure_tables``): a table newer than the
+        code raises ``FailedPrecondition`` before anything is written; an older one gets
+        ``ALTER TABLE ... ADD COLUMNS`` for the columns it lacks, then ``SET TBLPROPERTIES``
+        for its version. Tables are read through delta-rs (the log only); writes go
+        through Spark SQL. Idempotent, and a racing migrator is re-read."""
+        from deltalake import DeltaTable as RsTable
+
+        existing: dict[str, RsTable] = {}
+        for spec in BY_NAME.values():
+            uri = self.table_uri(spec.name)
+            if RsTable.is_deltatable(uri, storage_options=self._storage_options):
+                dt = existing[spec.name] = RsTable(uri, storage_options=self._storage_options)
+                recorded_version(spec, dt.metadata().configuration)  # newer than this code: refuse before any write
+        for spec in BY_NAME.values():
+            if spec.name in existing:
+                self._migrate(spec, existing[spec.name])
+            else:
+                self._create(spec)
+
+    def _create(self, spec: TableSpec) -> None:
         from delta.tables import DeltaTable
+        from deltalake import DeltaTable as RsTable
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        for spec in BY_NAME.values():
-            builder = (
-                DeltaTable.createIfNotExists(self.spark)
-                .location(self.table_uri(spec.name))
-                .addColumns(from_arrow_schema(spec.schema))
-            )
-            if spec.partition_by:
-                builder = builder.partitionedBy(*spec.partition_by)
-            for key, value in spec.configuration.items():
-                builder = builder.property(key, value)
-            builder.execute()
+        builder = (
+            DeltaTable.createIfNotExists(self.spark)
+            .location(self.table_uri(spec.name))
+            .addColumns(from_arrow_schema(spec.schema))
+        )
+        if spec.partition_by:
+            builder = builder.partitionedBy(*spec.partition_by)
+        for key, value in spec.properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+        # createIfNotExists leaves a table another process created first as it was: migrate it if older.
+        self._migrate(spec, RsTable(self.table_uri(spec.name), storage_options=self._storage_options))
+
+    def _migrate(self, spec: TableSpec, dt: "RsTable") -> None:
+        """Add the columns the table lacks, then record its version (two commits, in that
+        order: a recorded version always has its columns). A conflicting commit, or a column
+        that appeared meanwhile (another migrator), is re-read and re-planned."""
+        from deltalake import DeltaTable as RsTable
+        from pyspark.errors import AnalysisException
+
+        target = f"delta.`{self.table_uri(spec.name).replace('`', '``')}`"
+        for attempt in range(MIGRATION_ATTEMPTS):
+            plan = plan_migration(spec, [f.name for f in dt.schema().fields], dt.metadata().configuration)
+            if plan is None:
+                return
+            try:
+                if plan.add:
+                    self.spark.sql(add_columns_sql(target, plan.add))
+                    log.info("table %s: added columns %s", spec.name, ", ".join(f.name for f in plan.add))
+                if plan.set_version:
+                    self.spark.sql(f"ALTER TABLE {target} SET TBLPROPERTIES ('{SCHEMA_VERSION_KEY}' = '{plan.to_version}')")
+                    log.info("table %s: schema version %d -> %d", spec.name, plan.from_version, plan.to_version)
+            except self.conflict_errors as exc:
+                log.debug("table %s: migration raced another writer (attempt %d): %s", spec.name, attempt + 1, exc)
+            except AnalysisException as exc:
+                if "already exists" not in str(exc).lower():
+                    raise
+                log.debug("table %s: a column was added meanwhile (attempt %d): %s", spec.name, attempt + 1, exc)
+            dt = RsTable(self.table_uri(spec.name), storage_options=self._storage_options)
+        raise Aborted(f"table {spec.name}: migration kept conflicting with other writers ({MIGRATION_ATTEMPTS} attempts)")
 
     def _log_handle(self, table: str) -> "RsTable":
         """This thread's delta-rs view of the table's log (versions and app transactions)."""
@@ -388,3 +439,17 @@ def _spark_schema(spec: TableSpec) -> Any:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(spec.schema)
+
+
+MIGRATION_ATTEMPTS = 20
+
+
+def add_columns_sql(target: str, columns: Sequence[pa.Field]) -> str:
+    """``ALTER TABLE target ADD COLUMNS (...)`` for Arrow fields, in Spark SQL types (the
+    same mapping delta-spark creates tables with: ``from_arrow_schema``). Columns added by a
+    migration are nullable."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    struct = from_arrow_schema(pa.schema(list(columns)))
+    parts = [f"`{f.name.replace('`', '``')}` {f.dataType.simpleString()}" for f in struct.fields]
+    return f"ALTER TABLE {target} ADD COLUMNS ({', '.join(parts)})"
