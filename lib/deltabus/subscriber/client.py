@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-import random
 import threading
 import time
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import ackid, backlog, names, pagination, subscription_fields
+from .. import ackid, backlog, names, pagination, subscription_fields, watch
+from ..watch import LogWatcher
 from ..delivery import operations as delivery
 from ..delivery.payloads import fetch_messages
 from .._closing import refused_when_closed
@@ -18,7 +19,6 @@ from .._common import ClientBase
 from .._call_args import fields, required
 from ..errors import ClientClosed, FailedPrecondition, InvalidArgument
 from ..pagers import ListSubscriptionsPager
-from ..policy.backoff import Backoff
 from ..registry import SubscriptionRecord
 from ..validation import endpoint_scheme
 from ..types import (
@@ -40,7 +40,9 @@ MAX_PULL_MESSAGES = 10_000
 DEFAULT_PULL_TIMEOUT = 10.0
 # Derived from the declaration of a subscription's fields.
 _UPDATABLE = set(subscription_fields.UPDATABLE)
-_POLL = Backoff(initial=0.05, maximum=0.5)
+# The longest a waiting pull or stream sleeps without a commit before it reads again: lease
+# expiries make no commit (the old sleep-poll backed off to 0.5 s as well).
+IDLE_RECHECK = 0.5
 
 
 class SubscriberClient(ClientBase):
@@ -247,14 +249,31 @@ class SubscriberClient(ClientBase):
             raise InvalidArgument("timeout", f"must be a number of seconds >= 0, got {timeout!r}")
         wait = DEFAULT_PULL_TIMEOUT if timeout is None else float(timeout)
         give_up = time.monotonic() + wait
-        attempt = 0
+        immediately = bool(f.get("return_immediately"))
+        log_watcher, uris = (None, []) if immediately else self._log_watch()
         while True:
+            # Versions known before the read: a commit after this point always ends the wait below.
+            seen = log_watcher.current(uris) if log_watcher is not None else {}
             rec = self._sub(name)
             received = self._pull_received(name, n, rec.ack_deadline_seconds)
-            if received or f.get("return_immediately") or time.monotonic() >= give_up:
+            if received or immediately or time.monotonic() >= give_up:
                 return PullResponse(received_messages=received)
-            time.sleep(min(_POLL.delay(min(attempt, 10), random.random()), max(0.0, give_up - time.monotonic())))
-            attempt += 1
+            assert log_watcher is not None
+            # Until a commit to messages or deliveries, or IDLE_RECHECK at most: lease expiries
+            # make no commit, and a nack or expiry elsewhere must be seen within that time.
+            log_watcher.wait_newer(seen, min(IDLE_RECHECK, max(0.0, give_up - time.monotonic())))
+
+    def _log_watch(self) -> tuple[LogWatcher, list[str]]:
+        """This process's log watcher, following this warehouse's messages and deliveries tables
+        (where a pull's news comes from: new messages, and nacks or expiries of leases)."""
+        engine = self._engine
+        lw = watch.watcher()
+        uris = []
+        for table in ("messages", "deliveries"):
+            uri = engine.table_uri(table)
+            lw.watch(uri, functools.partial(engine.version, table))
+            uris.append(uri)
+        return lw, uris
 
     def _decode(self, rec: SubscriptionRecord, ack_ids: Any) -> list[tuple[str, int]]:
         if isinstance(ack_ids, str) or not isinstance(ack_ids, Iterable):
@@ -356,7 +375,7 @@ class SubscriberClient(ClientBase):
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{name} is a push subscription; subscribe needs an empty push endpoint")
         manager = StreamingPullManager(
-            self, name, callback, flow_control, executor=scheduler, clock=self._clock,
+            _ClientLeaseOps(self, name), name, callback, flow_control, executor=scheduler, clock=self._clock,
             await_callbacks_on_shutdown=await_callbacks_on_shutdown,
         )
         with self._streams_lock:
@@ -382,6 +401,37 @@ class SubscriberClient(ClientBase):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ClientLeaseOps:
+    """``LeaseOps`` for one subscription, over the client's own pull, ack and deadline calls
+    (what a ``subscribe()`` stream needs of the delivery core; the manager never sees the client).
+
+    Used by one stream: ``pull`` and ``wait_for_change`` from its consumer thread only."""
+
+    def __init__(self, client: SubscriberClient, subscription: str) -> None:
+        self._client = client
+        self._subscription = subscription
+        self._watch: tuple[LogWatcher, list[str]] | None = None
+        self._seen: dict[str, int] = {}
+
+    def pull(self, max_messages: int, lease_seconds: int) -> list[ReceivedMessage]:
+        if self._watch is None:
+            self._watch = self._client._log_watch()
+        self._seen = self._watch[0].current(self._watch[1])
+        return self._client._pull_received(self._subscription, max_messages, lease_seconds)
+
+    def acknowledge(self, ack_ids: Sequence[str]) -> None:
+        self._client._acknowledge(self._subscription, ack_ids)
+
+    def modify_deadline(self, ack_ids: Sequence[str], seconds: int) -> None:
+        self._client._modify_deadline(self._subscription, ack_ids, seconds)
+
+    def wait_for_change(self, timeout: float, cancel: threading.Event) -> None:
+        if self._watch is None:
+            cancel.wait(timeout)
+            return
+        self._watch[0].wait_newer(self._seen, min(timeout, IDLE_RECHECK), cancel)
 
 
 from .futures import StreamingPullFuture  # noqa: E402  (for the annotation above)

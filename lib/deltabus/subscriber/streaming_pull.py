@@ -5,6 +5,10 @@ Three threads per stream, as python-pubsub's streaming pull manager:
 - the dispatcher sends acks, nacks and deadline changes in batches (one MERGE each);
 - the leaser extends the deadline of everything still held, sized by the 99th
   percentile of observed ack delay, until max_lease_duration.
+
+The manager talks to the delivery core through ``LeaseOps`` (pull, acknowledge, change
+deadlines, wait for a change), not to the client that made it. When a pull finds nothing the
+consumer waits for a change (the process's log watcher) instead of sleep-polling.
 """
 
 from __future__ import annotations
@@ -17,26 +21,48 @@ import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol, Sequence
 
 from ..errors import NotFound
 from ..policy import flow_control as fc
 from ..policy import leases as lease_policy
-from ..policy.backoff import Backoff
 from ..policy.histogram import Histogram
 from ..policy.redelivery import after_callback_error
-from ..types import FlowControl
+from ..types import FlowControl, ReceivedMessage
 from .futures import StreamingPullFuture
 from .message import Message
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .client import SubscriberClient
 
 log = logging.getLogger(__name__)
 
 _BATCH_WAIT = 0.05
 _MAX_BATCH = 2500
-_IDLE = Backoff(initial=0.05, maximum=1.0)
+_IDLE_WAIT = 1.0  # the longest wait for a change after an empty pull (LeaseOps may wait less)
+
+
+class LeaseOps(Protocol):
+    """What a stream needs of the delivery core, for its one subscription.
+
+    ``pull`` and ``wait_for_change`` are called from the consumer thread only; acknowledge
+    and modify_deadline from the dispatcher and leaser threads. Errors propagate (NotFound
+    once the subscription is deleted)."""
+
+    def pull(self, max_messages: int, lease_seconds: int) -> Sequence[ReceivedMessage]:
+        """Lease up to `max_messages` messages for `lease_seconds`; [] when none is due."""
+        ...
+
+    def acknowledge(self, ack_ids: Sequence[str]) -> None:
+        """Ack; ids that expired, were superseded or are unknown are ignored."""
+        ...
+
+    def modify_deadline(self, ack_ids: Sequence[str], seconds: int) -> None:
+        """Set the leases' deadline to now + `seconds` (0: nack)."""
+        ...
+
+    def wait_for_change(self, timeout: float, cancel: threading.Event) -> None:
+        """After an empty ``pull``: return when something may be due (a new commit), after at
+        most `timeout` seconds, or soon after `cancel` is set."""
+        ...
+
 
 
 @dataclass(slots=True)
@@ -49,7 +75,7 @@ class _Held:
 class StreamingPullManager:
     def __init__(
         self,
-        client: "SubscriberClient",
+        ops: LeaseOps,
         subscription: str,
         callback: Callable[[Message], object],
         flow_control: FlowControl,
@@ -59,7 +85,7 @@ class StreamingPullManager:
         rand: Callable[[], float] = random.random,
         await_callbacks_on_shutdown: bool = False,
     ) -> None:
-        self._client = client
+        self._ops = ops
         self._subscription = subscription
         self._callback = callback
         self._flow = flow_control
@@ -207,7 +233,6 @@ class StreamingPullManager:
 
     # -- the three loops ----------------------------------------------------------
     def _consume(self) -> None:
-        idle = 0
         while not self._stop.is_set():
             with self._lock:
                 self._paused = fc.next_paused(self._paused, len(self._held), self._leased_bytes, self._flow)
@@ -217,15 +242,13 @@ class StreamingPullManager:
                     continue
             deadline = self._lease_seconds()
             try:
-                received = self._client._pull_received(self._subscription, min(room, 1000), deadline)
+                received = self._ops.pull(min(room, 1000), deadline)
             except NotFound:
                 raise
             now = self._clock()
             if not received:
-                self._stop.wait(_IDLE.delay(min(idle, 10), self._rand()))
-                idle += 1
+                self._ops.wait_for_change(_IDLE_WAIT, self._stop)
                 continue
-            idle = 0
             messages = [Message(r, self, now) for r in received]
             with self._lock:
                 for m in messages:
@@ -253,7 +276,7 @@ class StreamingPullManager:
             with self._lock:
                 ack_ids = list(self._held)
             if ack_ids:
-                self._client._modify_deadline(self._subscription, ack_ids, deadline)
+                self._ops.modify_deadline(ack_ids, deadline)
             self._stop.wait(lease_policy.next_pass_delay(deadline, self._rand()))
 
     def _dispatch_requests(self) -> None:
@@ -283,11 +306,11 @@ class StreamingPullManager:
     def _send(self, acks: list[str], nacks: list[str], modacks: dict[int, list[str]]) -> None:
         try:
             if acks:
-                self._client._acknowledge(self._subscription, acks)
+                self._ops.acknowledge(acks)
             if nacks:
-                self._client._modify_deadline(self._subscription, nacks, 0)
+                self._ops.modify_deadline(nacks, 0)
             for seconds, ids in modacks.items():
-                self._client._modify_deadline(self._subscription, ids, seconds)
+                self._ops.modify_deadline(ids, seconds)
         except NotFound:
             log.warning("subscription %s was deleted; dropping %d requests", self._subscription, len(acks) + len(nacks))
         except Exception as exc:  # keep dispatching: these messages are redelivered after their deadline
