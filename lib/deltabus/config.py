@@ -12,7 +12,7 @@ import configparser
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping, cast, get_args
+from typing import Any, Literal, Mapping, get_args
 
 from .errors import InvalidArgument
 
@@ -86,9 +86,10 @@ def parse_bool(name: str, raw: str) -> bool:
 
 def engine_name(name: str, raw: str) -> EngineName:
     """`raw` as an ``EngineName``; otherwise an ``InvalidArgument`` naming `name`."""
-    if raw not in ENGINES:
-        raise InvalidArgument(name, f"must be one of {', '.join(ENGINES)}, got {raw!r}")
-    return cast(EngineName, raw)
+    for engine in ENGINES:
+        if raw == engine:
+            return engine
+    raise InvalidArgument(name, f"must be one of {', '.join(ENGINES)}, got {raw!r}")
 
 
 def _coerce(name: str, kind: type, raw: str) -> Any:
@@ -115,9 +116,9 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
                     raise InvalidArgument(f"{path}: {key}", f"unknown setting; known: {sorted(kinds)}")
                 values[key] = _coerce(key, types[str(kinds[key])], raw)
     for name, kind in kinds.items():
-        raw = environ.get(f"DELTABUS_{name.upper()}")
-        if raw is not None:
-            values[name] = _coerce(f"DELTABUS_{name.upper()}", types[str(kind)], raw)
+        env_raw = environ.get(f"DELTABUS_{name.upper()}")
+        if env_raw is not None:
+            values[name] = _coerce(f"DELTABUS_{name.upper()}", types[str(kind)], env_raw)
     return Settings(**values)
 
 

@@ -11,7 +11,7 @@ cursors through the ``Engine`` and tells it how many hours to keep.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from .delivery.cursor import cursor_app_id
 from .storage import Engine
@@ -57,7 +57,7 @@ def maintain(
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     min_files: int = 2,
     clock: Callable[[], float],
-) -> Sequence[dict[str, Any]]:
+) -> list[dict[str, Any]]:
     """``storage.maintenance.maintain_warehouse`` of the engine's warehouse, keeping the
     messages history every subscription's fan-out still needs.
 

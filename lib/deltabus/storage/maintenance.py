@@ -55,21 +55,23 @@ def file_count(dt: Any, partition_column: str | None, partition: str | None) -> 
 
     actions = pa.table(dt.get_add_actions(flatten=True))
     if partition_column is None or partition is None or actions.num_rows == 0:
-        return actions.num_rows
+        return int(actions.num_rows)
     return int(pc.sum(pc.equal(actions[f"partition.{partition_column}"], partition)).as_py() or 0)
 
 
 def compact(dt: Any, partition_column: str | None, partition: str | None, *, target_size: int | None = None) -> Mapping[str, Any]:
     """Rewrite the small files of one partition (or the table) into large ones; no data change."""
     filters = [(partition_column, "=", partition)] if partition_column and partition is not None else None
-    return dt.optimize.compact(partition_filters=filters, target_size=target_size)
+    result: Mapping[str, Any] = dt.optimize.compact(partition_filters=filters, target_size=target_size)
+    return result
 
 
 def vacuum(dt: Any, retention_hours: int = DEFAULT_RETENTION_HOURS) -> list[str]:
     """Delete files that no version within `retention_hours` refers to; return their paths."""
     if retention_hours < 0:
         raise ValueError("retention_hours must be >= 0")
-    return dt.vacuum(retention_hours=retention_hours, enforce_retention_duration=False, dry_run=False)
+    removed: list[str] = dt.vacuum(retention_hours=retention_hours, enforce_retention_duration=False, dry_run=False)
+    return removed
 
 
 def maintain_warehouse(
