@@ -211,7 +211,11 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
         push = _push_config(args)  # checked before the warehouse is opened
         given = _field_flag_values(args)
         sub = _subscriber(args, _allow_http(args))
-        s = sub.create_subscription(name=_sub(args, args.name), topic=_topic(args, args.topic), push_config=push, **given)
+        request: dict[str, Any] = {"name": _sub(args, args.name), "topic": _topic(args, args.topic), **given}
+        if push is not None:
+            request["push_config"] = push
+        # As a request: a field may be settable without being one of create_subscription's keywords.
+        s = sub.create_subscription(request=request)
         print(f"created {'push' if s.push_config.is_push else 'pull'} subscription {s.name}", file=out)
     elif args.action == "list":
         rows = [_subscription_dict(s) for s in _subscriber(args).list_subscriptions(project=args.project)]
@@ -444,11 +448,13 @@ def build_parser() -> argparse.ArgumentParser:
             assert flag is not None
             if update and not fld.updatable:
                 continue
-            help = flag.update_help if update else flag.create_help
+            text = flag.update_help if update else flag.create_help
             if flag.collect == "pairs":
-                q.add_argument(flag.flag, action="append", metavar=flag.metavar, help=help)
+                q.add_argument(flag.flag, action="append", metavar=flag.metavar, help=text)
+            elif flag.parse is not None:
+                q.add_argument(flag.flag, type=flag.parse, metavar=flag.metavar, help=text)
             else:
-                q.add_argument(flag.flag, type=flag.parse, metavar=flag.metavar, help=help)
+                q.add_argument(flag.flag, metavar=flag.metavar, help=text)
 
     s = command(cmds, "subscriptions", "create, list, get, update or delete subscriptions")
     sa = s.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -97,8 +97,10 @@ class SubscriptionField:
 
     - ``public``: a field of ``types.Subscription`` (returned by get/list). Internal columns
       (``public=False``) are set by the registry only.
-    - ``settable``: ``create_subscription`` takes it as a keyword argument (public only);
-      ``required`` ones have no default (``name``, ``topic``).
+    - ``settable``: ``create_subscription`` takes it in ``request`` (public only);
+      ``required`` ones have no default (``name``, ``topic``). Its keyword arguments are a
+      fixed few of these (today's six), as google-cloud-pubsub flattens only some fields:
+      a new field need not become one.
     - ``updatable``: ``update_subscription``'s ``update_mask`` may name it.
     - ``default``: the value when create is not given it, and when a row written before the
       column existed holds null.
