@@ -162,6 +162,7 @@ class SubscriberClient(ClientBase):
         bad = [p for p in paths if p not in _UPDATABLE]
         if bad:
             raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {sorted(_UPDATABLE)}")
+        sub_name: Any  # checked by _sub, which names subscription.name
         if isinstance(raw, Subscription):
             values: dict[str, Any] = {p: getattr(raw, p) for p in paths}
             sub_name = raw.name
