@@ -174,9 +174,13 @@ def test_a_version_that_is_not_a_number_is_refused(warehouse):
         open_engine(warehouse, engine="delta-rs", create=False)
 
 
-def test_processes_migrating_at_once_all_succeed(old_warehouse):
-    shutil.rmtree(f"{old_warehouse}/backlog")
-    v1_backlog(old_warehouse)
+@pytest.mark.parametrize("start", ["old", "empty"])
+def test_processes_migrating_or_creating_at_once_all_succeed(old_warehouse, start):
+    if start == "old":
+        shutil.rmtree(f"{old_warehouse}/backlog")
+        v1_backlog(old_warehouse)
+    else:  # racing to create every table
+        shutil.rmtree(old_warehouse)
     barrier = threading.Barrier(4)
     errors: list[BaseException] = []
 
@@ -196,7 +200,8 @@ def test_processes_migrating_at_once_all_succeed(old_warehouse):
     assert errors == []
     assert layout(old_warehouse) == current_layout()
     ops = [h["operation"] for h in DeltaTable(f"{old_warehouse}/backlog").history()]
-    assert ops.count("ADD COLUMN") == 1  # the losers re-read and found the work done
+    assert ops.count("ADD COLUMN") == (start == "old")  # the losers re-read and found the work done
+    assert ops.count("CREATE TABLE") == 1
 
 
 def test_delta_spark_add_columns_statement():

@@ -335,7 +335,7 @@ class DeltaRsEngine:
             DeltaTable.create(
                 uri,
                 spec.schema,
-                mode="ignore",
+                mode="error",
                 partition_by=list(spec.partition_by) or None,
                 configuration=spec.properties,
                 storage_options=self._storage_options,
@@ -344,11 +344,11 @@ class DeltaRsEngine:
                 raise_if_key_not_exists=False,
             )
         except Exception:
-            # Another process may have created it between our check and create.
+            # Another process may have created it between our check and create: migrate it
+            # if that process runs older code.
             if not DeltaTable.is_deltatable(uri, storage_options=self._storage_options):
                 raise
-        # mode="ignore" left a table another process created first as it was: migrate it if it is older.
-        migrate_table(self._open(spec.name), spec, functools.partial(self._open, spec.name))
+            migrate_table(self._open(spec.name), spec, functools.partial(self._open, spec.name))
 
     def _open(self, table: str) -> DeltaTable:
         """A new handle on the table's latest version."""
