@@ -13,17 +13,20 @@ Derived from it (nowhere else lists the fields):
 - the columns of the ``subscriptions`` SQL view.
 
 ``types.Subscription`` is written out by hand, because users and type checkers read it;
-tests/unit/test_subscription_fields.py checks it against ``PUBLIC``.
+tests/unit/test_subscription_fields.py checks it against ``PUBLIC``. ``SubscriptionRecord``
+subclasses it with the internal columns, so it needs no line of its own.
+``create_subscription``'s keyword arguments are a fixed few (as google-cloud-pubsub's);
+every settable field is taken in ``request``.
 
-Adding a field is one ``SubscriptionField`` appended to ``COLUMNS`` with ``since`` one
-above the table's current version (new columns go at the end, nullable, so an older
-table migrates by adding them: ``ensure_tables``), one line in ``types.Subscription``, and
-the field's own logic. Rows written before the column existed read it as null, which
-loads as the field's default.
+Adding a field is one ``SubscriptionField`` appended to ``COLUMNS`` with ``since`` the
+schema version that adds it (the current one plus one; fields of one release share it),
+one line in ``types.Subscription``, and the field's own logic. New columns go at the end,
+nullable, so an older table migrates by adding them (``ensure_tables``); rows written
+before read null, which loads as the field's default.
 
 This module is a leaf of data: it imports only ``errors``, ``names``, ``timestamps``,
-``_call_args`` and ``types`` (none of which import storage or anything above it), so the storage layer's
-table catalogue can derive the table from it without depending on the domain code.
+``_call_args`` and ``types`` (none of which import storage or anything above it), so the
+storage layer's table catalogue derives the table from it without depending on domain code.
 """
 
 from __future__ import annotations
