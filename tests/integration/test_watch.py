@@ -134,3 +134,32 @@ def test_a_blocking_pull_wakes_on_publish_and_an_idle_one_returns_at_its_timeout
     got = sub.pull(subscription=subscription, max_messages=1, timeout=10).received_messages
     assert len(got) == 1
     assert time.monotonic() - published[0] < 0.4  # woken by the commit, not by a 0.5 s re-check
+
+
+def test_commits_of_other_topics_do_not_make_a_waiting_pull_spin(pub, sub, topic, subscription):
+    other = pub.topic_path("local", "busy-topic")
+    pub.create_topic(name=other)
+    reads = []
+    real = sub._pull_received
+
+    def counted(*args, **kwargs):
+        reads.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    sub._pull_received = counted
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            pub.publish_batch(other, [{"data": b"noise"}])
+
+    noise = threading.Thread(target=busy)
+    noise.start()
+    try:
+        assert sub.pull(subscription=subscription, max_messages=1, timeout=1.0).received_messages == []
+    finally:
+        stop.set()
+        noise.join()
+    from deltabus.subscriber.client import MIN_RECHECK
+
+    assert len(reads) <= 1.0 / MIN_RECHECK + 2  # woken by every commit, read at most every MIN_RECHECK

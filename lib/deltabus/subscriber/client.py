@@ -43,6 +43,9 @@ _UPDATABLE = set(subscription_fields.UPDATABLE)
 # The longest a waiting pull or stream sleeps without a commit before it reads again: lease
 # expiries make no commit (the old sleep-poll backed off to 0.5 s as well).
 IDLE_RECHECK = 0.5
+# The shortest time between the starts of two reads that found nothing: commits of other
+# topics also wake a waiter, and a busy warehouse must not turn waiting into a loop of reads.
+MIN_RECHECK = 0.1
 
 
 class SubscriberClient(ClientBase):
@@ -255,6 +258,7 @@ class SubscriberClient(ClientBase):
         while True:
             # Versions known before the read: a commit after this point always ends the wait below.
             seen = log_watcher.current(uris) if log_watcher is not None else {}
+            started = time.monotonic()
             rec = self._sub(name)
             received = self._pull_received(name, n, rec.ack_deadline_seconds)
             if received or immediately or time.monotonic() >= give_up:
@@ -263,6 +267,7 @@ class SubscriberClient(ClientBase):
             # Until a commit to messages or deliveries, or IDLE_RECHECK at most: lease expiries
             # make no commit, and a nack or expiry elsewhere must be seen within that time.
             log_watcher.wait_newer(seen, min(IDLE_RECHECK, max(0.0, give_up - time.monotonic())))
+            time.sleep(max(0.0, min(started + MIN_RECHECK, give_up) - time.monotonic()))
 
     def _log_watch(self) -> tuple[LogWatcher, list[str]]:
         """This process's log watcher, following this warehouse's messages and deliveries tables
@@ -415,11 +420,13 @@ class _ClientLeaseOps:
         self._subscription = subscription
         self._watch: tuple[LogWatcher, list[str]] | None = None
         self._seen: dict[str, int] = {}
+        self._started = 0.0  # monotonic start of the last pull
 
     def pull(self, max_messages: int, lease_seconds: int) -> list[ReceivedMessage]:
         if self._watch is None:
             self._watch = self._client._log_watch()
         self._seen = self._watch[0].current(self._watch[1])
+        self._started = time.monotonic()
         return self._client._pull_received(self._subscription, max_messages, lease_seconds)
 
     def acknowledge(self, ack_ids: Sequence[str]) -> None:
@@ -433,6 +440,7 @@ class _ClientLeaseOps:
             cancel.wait(timeout)
             return
         self._watch[0].wait_newer(self._seen, min(timeout, IDLE_RECHECK), cancel)
+        cancel.wait(max(0.0, self._started + MIN_RECHECK - time.monotonic()))
 
 
 from .futures import StreamingPullFuture  # noqa: E402  (for the annotation above)
