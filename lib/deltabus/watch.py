@@ -109,12 +109,17 @@ class LogWatcher:
         return t.version
 
     def current(self, uris: Sequence[str]) -> dict[str, int]:
-        """The versions of `uris` (each watched already) known now; local ones checked at once."""
+        """The versions of `uris` (each watched already) known now: a local table is checked
+        at once (a stat), one in an object store is re-read when its last read is older than
+        ``remote_interval`` (the thread only polls while someone waits)."""
         out: dict[str, int] = {}
         for uri in uris:
             t = self._tables[uri]
             if t.log_dir is not None:
                 self._advance(uri, t, newest_local_version(t.log_dir, t.version))
+            elif self._clock() >= t.next_poll:
+                t.next_poll = self._clock() + self._remote_interval
+                self._advance(uri, t, t.read_version())
             out[uri] = t.version
         return out
 

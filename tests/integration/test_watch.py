@@ -109,6 +109,9 @@ def test_cancel_ends_a_wait_and_a_remote_table_is_read_at_its_interval():
     assert lw.wait_newer({uri: 0}, timeout=5.0)
     gaps = [b - a for a, b in zip(reads[1:], reads[2:])]
     assert gaps and min(gaps) >= 0.09  # an object store is not listed on every pass
+    versions[0] = 2
+    time.sleep(0.15)  # nobody waits, the thread is parked: current() reads a stale table itself
+    assert lw.current([uri]) == {uri: 2}
 
 
 def test_one_watcher_per_process(monkeypatch):
