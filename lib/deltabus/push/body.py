@@ -71,7 +71,7 @@ def wrapped(
 
 
 # json's own string encoder (C), as json.dumps(..., ensure_ascii=False) uses it.
-_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_string = json.encoder.encode_basestring
 
 
 @functools.lru_cache(maxsize=4096)
