@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Iterator, Mapping, NoReturn, Sequence, TextIO
+from typing import Any, Iterator, Mapping, NoReturn, Protocol, Sequence, TextIO
 
 from .errors import DeltabusError, InvalidArgument, WarehouseNotFound
 from .jsonl import LineError
@@ -136,7 +136,10 @@ def _push_config(args: argparse.Namespace) -> dict[str, Any] | None:
 def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+
+    def line(vals: Sequence[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
@@ -190,7 +193,7 @@ def cmd_init(args: argparse.Namespace, out: TextIO) -> None:
 
     existed = warehouse_exists(check_warehouse_path(args.warehouse))
     engine = open_engine(args.warehouse, engine="delta-rs", create=True)
-    print(f"{'warehouse already at' if existed else 'created warehouse at'} {engine.warehouse}", file=out)  # type: ignore[attr-defined]
+    print(f"{'warehouse already at' if existed else 'created warehouse at'} {engine.warehouse}", file=out)
 
 
 def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
@@ -406,6 +409,12 @@ PUSH_FLAGS = {
 }
 
 
+class _Subcommands(Protocol):
+    """What `build_parser` uses of ``add_subparsers()``'s result (argparse's class for it is private)."""
+
+    def add_parser(self, name: str, **kw: Any) -> argparse.ArgumentParser: ...
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _global_options(top=False)
     raw = argparse.RawDescriptionHelpFormatter
@@ -413,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="deltabus", description=__doc__, formatter_class=raw, parents=[_global_options(top=True)])
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(parent: Any, name: str, help: str, flags: Mapping[str, str] | None = None, **kw: Any) -> argparse.ArgumentParser:
+    def command(parent: _Subcommands, name: str, help: str, flags: Mapping[str, str] | None = None, **kw: Any) -> argparse.ArgumentParser:
         q = parent.add_parser(name, help=help, description=help, parents=[common], formatter_class=raw, **kw)
         q.set_defaults(flags=dict(flags or {}))
         return q

@@ -24,10 +24,12 @@ still ends the JVM the default way: nothing has been leased by then.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
 import time
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..policy.stopping import StopSignals
@@ -88,21 +90,33 @@ class _JvmHandler:
         implements = ["sun.misc.SignalHandler"]
 
 
+def _restore_jvm_handler(jvm: Any, jsig: Any, previous: Any) -> None:
+    """Put `previous` back as the JVM's handler of `jsig` (looked up when called: the JVM may be gone)."""
+    jvm.sun.misc.Signal.handle(jsig, previous)
+
+
 def install(spark: "SparkSession", request: StopRequest) -> Callable[[], None]:
     """Route SIGTERM and SIGINT, in the Python driver and in its JVM, to `request`.
 
     Returns a function that puts the previous handlers back. Call from the main thread."""
-    undo: list[Callable[[], None]] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        request.signal(signal.Signals(signum).name)
+
+    # Each step's result (the handler it replaced) is not used.
+    undo: list[Callable[[], object]] = []
     for name in HANDLED:
-        signum = getattr(signal, "SIG" + name)
-        previous = signal.signal(signum, lambda s, _f: request.signal(signal.Signals(s).name))
-        undo.append(lambda signum=signum, previous=previous: signal.signal(signum, previous))
+        signum = signal.Signals["SIG" + name]
+        previous = signal.signal(signum, on_signal)
+        undo.append(functools.partial(signal.signal, signum, previous))
 
     from pyspark.java_gateway import ensure_callback_server_started
 
     gateway = spark.sparkContext._gateway
     jvm = spark.sparkContext._jvm
     ensure_callback_server_started(gateway)
+    if jvm is None:  # pyspark types it Optional: set only while a SparkContext is running
+        raise RuntimeError("the SparkSession has no JVM: its SparkContext is stopped")
     handler = _JvmHandler(request.signal)
     for name in HANDLED:
         try:
@@ -111,7 +125,7 @@ def install(spark: "SparkSession", request: StopRequest) -> Callable[[], None]:
         except Exception as exc:  # e.g. INT ignored by the JVM (pyspark started it with SIGINT ignored)
             log.debug("the JVM's SIG%s handler stays as it was: %s", name, str(exc).splitlines()[0] if str(exc) else exc)
             continue
-        undo.append(lambda jsig=jsig, previous=previous: jvm.sun.misc.Signal.handle(jsig, previous))
+        undo.append(functools.partial(_restore_jvm_handler, jvm, jsig, previous))
 
     def uninstall() -> None:
         for step in reversed(undo):
