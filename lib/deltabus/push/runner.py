@@ -15,7 +15,7 @@ from .pool import pool_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery  # where it is defined; the package does not re-export it explicitly
 
 log = logging.getLogger("deltabus.deliver")
 

@@ -24,6 +24,12 @@ NAME = "deltabus_messages"
 VERSIONS_PER_PARTITION = 50
 DEFAULT_MAX_VERSIONS_PER_BATCH = 1000
 
+# An offset as this source makes it and Spark hands it back (through its JSON offset log):
+# {"version": <Delta version>, "tick": <changes on every poll>}.
+Offset = dict[str, int]
+# One row of SCHEMA, in its column order.
+Row = tuple[Any, ...]
+
 SCHEMA = StructType(
     [
         StructField("topic_uid", StringType()),
@@ -109,17 +115,17 @@ class MessagesStreamReader(DataSourceStreamReader):
 
         return DeltaTable(self.uri).version()
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offset:
         # A new query starts at the current end; subscriptions catch up from their own cursors.
         return {"version": self._latest_version(), "tick": 0}
 
-    def latestOffset(self) -> dict:
+    def latestOffset(self) -> Offset:
         latest = self._latest_version()
         if self._last is not None:
             latest = min(latest, self._last + self.max_versions)
         return {"version": latest, "tick": time.time_ns()}
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         a, b = int(start["version"]), int(end["version"])
         self._last = b
         parts: list[InputPartition] = [VersionRange(self.uri, a, b, a, b, marker=True)]
@@ -132,7 +138,7 @@ class MessagesStreamReader(DataSourceStreamReader):
         assert isinstance(partition, VersionRange)
         return read_range(partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Offset) -> None:
         self._last = int(end["version"])
 
 
@@ -142,7 +148,7 @@ def _latest(uri: str) -> int:
     return DeltaTable(uri).version()
 
 
-def _tuples(uri: str, a: int, b: int) -> Iterator[tuple]:
+def _tuples(uri: str, a: int, b: int) -> Iterator[Row]:
     """Rows of versions (a, b] as tuples, then the batch's marker row."""
     for lo in range(a + 1, b + 1, VERSIONS_PER_PARTITION):
         hi = min(b, lo + VERSIONS_PER_PARTITION - 1)
@@ -162,19 +168,19 @@ class SimpleMessagesStreamReader(SimpleDataSourceStreamReader):
         self.uri = options["path"]
         self.max_versions = int(options.get("maxVersionsPerBatch", DEFAULT_MAX_VERSIONS_PER_BATCH))
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offset:
         return {"version": _latest(self.uri), "tick": 0}
 
-    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+    def read(self, start: Offset) -> tuple[Iterator[Row], Offset]:
         a = int(start["version"])
         b = min(_latest(self.uri), a + self.max_versions)
         # Spark pickles the prefetched rows: a list, not a generator.
         return iter(list(_tuples(self.uri, a, b))), {"version": b, "tick": time.time_ns()}
 
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
+    def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[Row]:
         return iter(list(_tuples(self.uri, int(start["version"]), int(end["version"]))))
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Offset) -> None:
         pass
 
 

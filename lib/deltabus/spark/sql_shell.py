@@ -222,7 +222,8 @@ def attach_user_stdin(*, under_spark_submit: bool, parent_pid: int | None = None
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
-        sys.stdout.reconfigure(line_buffering=True)
+        if isinstance(sys.stdout, io.TextIOWrapper):  # the only kind with reconfigure; a replaced stdout is left alone
+            sys.stdout.reconfigure(line_buffering=True)
     return Console(interactive, how)
 
 
