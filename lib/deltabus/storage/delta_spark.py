@@ -178,8 +178,11 @@ class DeltaSparkSnapshot:
                 builder = builder.whenMatchedUpdate(condition=c.when, set=dict(c.set))
             elif isinstance(c, MatchedDelete):
                 builder = builder.whenMatchedDelete(condition=c.when)
-            elif isinstance(c, NotMatchedInsert):
-                builder = builder.whenNotMatchedInsert(condition=c.when, values=dict(c.values))
+            elif isinstance(c, NotMatchedInsert):  # delta-spark's overloads take no condition=None
+                if c.when is None:
+                    builder = builder.whenNotMatchedInsert(values=dict(c.values))
+                else:
+                    builder = builder.whenNotMatchedInsert(condition=c.when, values=dict(c.values))
             else:  # pragma: no cover - exhaustive
                 raise TypeError(c)
         with self._engine.txn(txns[-1] if txns else None):
