@@ -98,6 +98,22 @@ def pinned_on(sub_uids: Sequence[str]) -> str:
     return f"t.sub_uid IN ({in_list}) AND t.sub_uid = s.sub_uid AND t.message_id = s.message_id"
 
 
+def _check_pinned(source: pa.Table, sub_uids: Sequence[str]) -> None:
+    """Refuse a source row for a subscription the MERGE is not pinned to.
+
+    The one-subscription condition joins on message_id alone (no ``t.sub_uid =
+    s.sub_uid``), and message ids are shared by every subscription of a topic: a stray
+    row for another subscription would ack or lease this one's row of that message.
+    Checking here keeps the MERGE condition (and its cost) as it is; pc.unique over the
+    source column is one pass over an Arrow array."""
+    stray = set(pc.unique(source["sub_uid"]).to_pylist()) - set(sub_uids)
+    if stray:
+        raise ValueError(
+            f"sub_uid: source rows for {sorted(map(str, stray))} but the MERGE is pinned to {sorted(sub_uids)};"
+            " every source row must belong to a pinned subscription"
+        )
+
+
 def ops_in(source: pa.Table) -> list[Op]:
     return [Op(v) for v in pc.unique(source["op"]).to_pylist()]
 
@@ -107,11 +123,14 @@ def commit(
 ) -> Mapping[str, int] | None:
     """Write source `parts` (SOURCE_SCHEMA) and application transactions `txns` as ONE commit:
     a MERGE pinned to `sub_uids` when there are rows, else a commit of the txns alone, else
-    nothing. Returns the MERGE's metrics (None when no MERGE ran)."""
+    nothing. Returns the MERGE's metrics (None when no MERGE ran). This is the only
+    function of the core that writes. Raises ValueError, writing nothing, when a source
+    row's sub_uid is not one of `sub_uids`."""
     parts = [p for p in parts if p.num_rows]
     if not parts:
         if txns:
             snap.commit_txns(list(txns))
         return None
     source = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    _check_pinned(source, sub_uids)
     return snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)

@@ -51,7 +51,7 @@ def pull(
         available = read_available(snap, uid, now, max_messages)
         if available.num_rows == 0 and fan.rows.num_rows == 0:
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
-                snap.commit_txns([(cursor_app_id(uid), fan.end)])
+                commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])
             return []
         chosen = select(uid, available, fan.rows, max_messages, to_us(now + lease_seconds), policy)
         commit(snap, chosen.parts, [uid], fan.txns(uid))
