@@ -121,3 +121,13 @@ def write(engine: Engine, stats: Iterable[BacklogStats]) -> None:
     engine.transact(BACKLOG.name, lambda snap: snap.overwrite(table), what="refresh backlog")
     if table.num_rows:
         engine.append(BACKLOG_HISTORY.name, table)
+
+
+def refresh(engine: Engine, subscriptions: Iterable[SubscriptionRecord], now: float) -> list[BacklogStats]:
+    """Compute the backlog of every given subscription at `now` and rewrite the backlog table
+    (and append to backlog_history). Push subscriptions keep the push job's counters, window
+    and backoff, which the job restores from. Returns the rows written, by subscription name."""
+    stats = [compute(engine, rec, now) for rec in sorted(subscriptions, key=lambda r: r.name)]
+    stats = keep_push_fields(engine, stats)
+    write(engine, stats)
+    return stats

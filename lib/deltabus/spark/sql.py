@@ -8,6 +8,7 @@ query sees the tables' latest versions.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..names import DELETED_TOPIC
@@ -86,12 +87,13 @@ def session(
     A missing warehouse raises ``WarehouseNotFound`` and nothing is created, so a mistyped
     path is an error rather than an empty set of views; ``create=True`` (a notebook setting
     up a fresh warehouse) creates it."""
+    from ..backlog import refresh
+    from ..registry import Registry
     from ..storage import open_engine
-    from ..subscriber.client import SubscriberClient
 
     engine = open_engine(warehouse, engine="delta-rs", create=create)
     if refresh_backlog:
-        SubscriberClient(engine=engine).refresh_backlog()
+        refresh(engine, Registry(engine, clock=time.time).subscriptions().values(), time.time())
     if spark is None:
         from pyspark.sql import SparkSession
 
