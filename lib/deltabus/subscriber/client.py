@@ -342,11 +342,7 @@ class SubscriberClient(ClientBase):
         subscriptions keep the push job's counters, window and backoff). It has no fields:
         ``request`` may only be ``{}``."""
         fields("refresh_backlog", request, set())
-        now = self._clock()
-        stats = [backlog.compute(self._engine, rec, now) for _, rec in sorted(self._registry.subscriptions().items())]
-        stats = backlog.keep_push_fields(self._engine, stats)
-        backlog.write(self._engine, stats)
-        return stats
+        return backlog.refresh(self._engine, self._registry.subscriptions().values(), self._clock())
 
     # -- streaming pull -------------------------------------------------------------
     @refused_when_closed
