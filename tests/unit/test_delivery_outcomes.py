@@ -7,7 +7,8 @@ import pytest
 
 from deltabus.delivery.merge import NACKED_US, OPS_MERGE, clauses_for, pinned_on
 from deltabus.delivery.model import IdResult, Op, OutcomeKind, Result
-from deltabus.delivery.outcomes import decide, latest_per_message, rows
+from deltabus.delivery.hooks import DEFAULT_HOOKS, DeliveryHooks
+from deltabus.delivery.outcomes import decide, latest_per_message, nack_lease, rows
 from deltabus.timestamps import TS
 
 LEASED = 1_700_000_000_000_000
@@ -67,6 +68,20 @@ def test_retry_delay_array_follows_the_applied_rows() -> None:
     delays = pa.array([111, 222], pa.int64())  # one per message of latest_per_message, in order a, b
     got = decide("s1", OutcomeKind.NACK, [("a", 9), ("b", 1)], now, delays)
     assert source(got.source) == [("nack", "b", 1, 222)]
+
+
+def test_nack_lease_applies_the_retry_hook_with_the_given_now() -> None:
+    keyed = latest_per_message([("a", 2), ("b", 1)])
+    assert nack_lease(DEFAULT_HOOKS, keyed, 5.0) is None  # default: the NACKED sentinel
+    seen: list[tuple[list[str], float]] = []
+
+    def backoff(nacked: pa.Table, now: float) -> pa.Array:
+        seen.append((nacked["message_id"].to_pylist(), now))
+        return pa.array([int(now * 1e6) + 10 * a for a in nacked["delivery_attempt"].to_pylist()], pa.int64())
+
+    got = nack_lease(DeliveryHooks(retry_delay=backoff), keyed, 5.0)
+    assert seen == [(["a", "b"], 5.0)]
+    assert got is not None and got.to_pylist() == [5_000_020, 5_000_010]
 
 
 def test_rows_without_reading() -> None:

@@ -23,7 +23,7 @@ from .fanout import from_change_feed
 from .hooks import DeliveryHooks, hooks_for
 from .merge import commit
 from .model import IdResult, Lease, OutcomeKind
-from .outcomes import decide, latest_per_message, read_current, rows
+from .outcomes import decide, latest_per_message, nack_lease, read_current, rows
 from .selection import read_available, select
 
 
@@ -112,13 +112,11 @@ def modify_deadline(
 def _new_lease(
     kind: OutcomeKind, keyed: pa.Table, seconds: float, clock: Callable[[], float], policy: DeliveryHooks
 ) -> int | pa.Array | None:
-    """The lease_expires a deadline change or nack sets (None: the NACKED sentinel). The
-    clock is read only when a time is needed."""
+    """The lease_expires a deadline change or nack sets (None: the NACKED sentinel); a
+    nack's comes from ``outcomes.nack_lease``."""
     if kind is OutcomeKind.DEADLINE:
         return to_us(clock() + seconds)
-    if policy.retry_delay is not None:
-        return policy.retry_delay(keyed, clock())
-    return None
+    return nack_lease(policy, keyed, clock())
 
 
 def acknowledge_results(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]]) -> list[IdResult]:

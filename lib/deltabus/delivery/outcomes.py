@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from ..storage import Snapshot
 from ..timestamps import TS
+from .hooks import DeliveryHooks
 from .merge import NACKED_US, source_rows
 from .model import Delivery, IdResult, Op, OutcomeKind, Result
 
@@ -72,6 +73,16 @@ def rows(
             raise ValueError("lease_expires_us: a deadline change needs the new deadline")
         lease = pa.repeat(pa.scalar(NACKED_US if lease_expires_us is None else lease_expires_us, TS), n)
     return source_rows(op, sub_uid, deliveries, deliveries["delivery_attempt"], lease)
+
+
+def nack_lease(policy: DeliveryHooks, nacked: pa.Table, now: float) -> pa.Array | None:
+    """The lease_expires (us) the nacks of `nacked` (message_id, delivery_attempt) get
+    under `policy`: one value per row from its retry-delay hook, or None for the NACKED
+    sentinel (the default: available again at once). The one place the hook is applied;
+    pull's nacks and the push job's failed pushes both come here. Pure."""
+    if policy.retry_delay is None:
+        return None
+    return policy.retry_delay(nacked, now)
 
 
 class Decision(NamedTuple):

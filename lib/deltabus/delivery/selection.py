@@ -53,7 +53,8 @@ def empty_available() -> pa.Table:
 
 def read_available(snap: Snapshot, sub_uid: str, now: float, limit: int, exclude: frozenset[str] = frozenset()) -> pa.Table:
     """The first `limit` deliveries available at `now` that are not in `exclude`, oldest
-    messages first (STATE_COLUMNS); reads only the files that can hold them."""
+    messages first (STATE_COLUMNS); reads only the files that can hold them. With
+    ``limit <= 0`` it reads nothing and returns no rows (callers need no guard)."""
     if limit <= 0:
         return empty_available()
     # Excluded (in-flight) ids are leased, so rarely available; read enough to cover them anyway.

@@ -19,8 +19,8 @@ from ..delivery.fanout import from_batch
 from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
 from ..delivery.merge import commit
 from ..delivery.model import OutcomeKind
-from ..delivery.outcomes import rows as outcome_rows
-from ..delivery.selection import empty_available, read_available, select
+from ..delivery.outcomes import nack_lease, rows as outcome_rows
+from ..delivery.selection import read_available, select
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..timestamps import to_us
@@ -70,18 +70,18 @@ def execute(
         policy = hooks[uid] = hooks_for(sub)
         fan = from_batch(engine, snap, sub, batch, first, last, keep=policy.keep)
         txns.extend(fan.txns(uid))
-        available = read_available(snap, uid, now, plan.room, plan.exclude) if plan.room > 0 else empty_available()
+        available = read_available(snap, uid, now, plan.room, plan.exclude)  # empty, reading nothing, when room <= 0
         chosen = select(uid, available, fan.rows, plan.room, to_us(now + sub.ack_deadline_seconds), policy)
         parts.extend(chosen.parts)
         if chosen.leases:
             result.leases[uid] = [(lease.message_id, lease.delivery_attempt) for lease in chosen.leases]
         result.fanned_out += chosen.inserted
     for uid, (acks, nacks) in outcomes.items():
-        retry = hooks.get(uid, DEFAULT_HOOKS).retry_delay
         if acks.num_rows:
             parts.append(outcome_rows(uid, OutcomeKind.ACK, acks))
         if nacks.num_rows:
-            parts.append(outcome_rows(uid, OutcomeKind.NACK, nacks, retry(nacks, now) if retry is not None else None))
+            lease = nack_lease(hooks.get(uid, DEFAULT_HOOKS), nacks, now)
+            parts.append(outcome_rows(uid, OutcomeKind.NACK, nacks, lease))
     if not parts and not txns:
         return result
     if batch_txn is not None:
