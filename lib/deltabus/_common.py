@@ -14,9 +14,11 @@ from .storage import Engine, check_warehouse_path, open_engine
 DEFAULT_WAREHOUSE_ENV = config.WAREHOUSE_ENV
 
 
-def resolve_warehouse(warehouse: str | None, defaults: config.ClientSettings) -> str:
-    """`warehouse`, else the resolved DELTABUS_WAREHOUSE of `defaults`; checked (a file is an error)."""
-    warehouse = warehouse or defaults.warehouse
+def resolve_warehouse(warehouse: str | None, defaults: config.ClientSettings | None = None) -> str:
+    """`warehouse`, else DELTABUS_WAREHOUSE (of `defaults` when given, else read now, only
+    because it is needed); checked (a file is an error)."""
+    if not warehouse:
+        warehouse = defaults.warehouse if defaults is not None else config.client_warehouse()
     if not warehouse:
         raise InvalidArgument("warehouse", f"pass warehouse= (a path or URI) or set {DEFAULT_WAREHOUSE_ENV}")
     return check_warehouse_path(warehouse)
@@ -30,10 +32,13 @@ class ClientBase:
     warehouse at PATH") while there is none, and opens it once it exists, so a client made
     before another process creates the warehouse still works.
 
-    The constructor is an entry point: it resolves the environment once
-    (``config.client_defaults``, or the ``settings=`` given) and keeps the result in
-    ``self._settings``. With the engine "auto" (or "delta-spark") it passes this thread's
-    active SparkSession, if any, to ``open_engine``.
+    The constructor is an entry point. With ``settings=`` (the command line's resolved
+    ``ClientSettings``) it reads no environment. Without it, it resolves only what its
+    arguments leave open, once: DELTABUS_WAREHOUSE when no ``warehouse`` is given, and
+    DELTABUS_ENGINE when the warehouse is opened (never with ``engine=``). So a bad value
+    of a variable a client does not use cannot break it, and a bad DELTABUS_ENGINE fails
+    where e32aae7 failed: on the first open. With the engine "auto" (or "delta-spark") it
+    passes this thread's active SparkSession, if any, to ``open_engine``.
     """
 
     def __init__(
@@ -46,22 +51,29 @@ class ClientBase:
         create_warehouse: bool = False,
         settings: config.ClientSettings | None = None,
     ) -> None:
-        self._settings = config.client_defaults() if settings is None else settings
+        self._settings = settings
         self._clock = clock
         self._open_lock = threading.Lock()
         self._opened: tuple[Engine, Registry] | None = None
         if engine is not None:
             self._opened = (engine, Registry(engine, clock=clock))
             return
-        self._warehouse = resolve_warehouse(warehouse, self._settings)  # a bad path (a file) fails here, at once
+        self._warehouse = resolve_warehouse(warehouse, settings)  # a bad path (a file) fails here, at once
         self._storage_options = storage_options
         if create_warehouse:
             self._open(create=True)
 
+    def _engine_choice(self) -> tuple[config.EngineName, str]:
+        """The engine name to open with and the field errors name: the given settings', else
+        DELTABUS_ENGINE read now (``InvalidArgument`` naming it when bad)."""
+        if self._settings is not None:
+            return self._settings.engine, self._settings.engine_field
+        return config.engine_default(), config.ENGINE_ENV
+
     def _open(self, create: bool = False) -> tuple[Engine, Registry]:
         with self._open_lock:
             if self._opened is None:
-                chosen = self._settings.engine
+                chosen, field = self._engine_choice()
                 spark = None
                 if chosen != "delta-rs":
                     from .spark import active_session
@@ -69,7 +81,7 @@ class ClientBase:
                     spark = active_session()
                 engine = open_engine(
                     self._warehouse, engine=chosen, storage_options=self._storage_options, spark=spark, create=create,
-                    engine_field=self._settings.engine_field,
+                    engine_field=field,
                 )
                 self._opened = (engine, Registry(engine, clock=self._clock))
             return self._opened

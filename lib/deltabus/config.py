@@ -1,9 +1,12 @@
 """Settings: conf/deltabus.conf, overridden by DELTABUS_<NAME> environment variables.
 
 This is the one module that reads the environment. Entry points resolve settings here
-once and pass them down: a job parses ``Settings`` (``load``), a client constructor takes
-``ClientSettings`` (``client_defaults``), the command line reads its globals here. Every
-boolean variable follows one rule (``parse_bool``); command-line flags override both.
+once and pass them down: a job parses ``Settings`` (``load``), a client constructor reads
+only the variables it uses (``client_warehouse``, ``engine_default``, ``client_allow_http``)
+and only when its arguments leave them open, the command line resolves ``ClientSettings``
+(``client_defaults``) for the clients it makes. Every boolean follows one truthy rule
+(``parse_bool``); a job rejects any other string, a client reads it as false (as before).
+Command-line flags override both.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from .errors import InvalidArgument
 # The storage engines a job may choose (storage imports this; config stays free of storage imports).
 EngineName = Literal["auto", "delta-rs", "delta-spark"]
 ENGINES: tuple[EngineName, ...] = get_args(EngineName)
+# What "auto" resolves to: the engine an opened ``storage.Engine`` is (its ``name``).
+ConcreteEngine = Literal["delta-rs", "delta-spark"]
 
 SECTION = "deltabus"
 TRUE = {"1", "true", "yes", "on"}
@@ -154,18 +159,37 @@ class ClientSettings:
             raise InvalidArgument("warehouse", "must be a path or URI")
 
 
-def client_defaults(environ: Mapping[str, str] | None = None) -> ClientSettings:
-    """DELTABUS_WAREHOUSE, DELTABUS_ENGINE (default auto) and DELTABUS_ALLOW_HTTP (``parse_bool``)
-    of `environ` (default: this process's environment). No settings file: clients are
-    configured by their arguments and these variables only, as before.
-
-    A bad value is an ``InvalidArgument`` naming the variable; an empty one means unset."""
+def client_warehouse(environ: Mapping[str, str] | None = None) -> str | None:
+    """DELTABUS_WAREHOUSE of `environ` (default: this process's environment); None when unset or empty."""
     env = os.environ if environ is None else environ
-    raw_engine = env.get(ENGINE_ENV, "") or "auto"
+    return env.get(WAREHOUSE_ENV) or None
+
+
+def client_allow_http(environ: Mapping[str, str] | None = None) -> bool:
+    """DELTABUS_ALLOW_HTTP as a client reads it: True for the true strings of the one truthy
+    rule (``parse_bool``), False for anything else.
+
+    Unlike a job's ``Settings`` (``load`` raises on "maybe"), a client treats an unrecognised
+    value as false, as e32aae7's clients did: a client that constructed with such a value
+    before must still construct, and false is the safe reading (https only)."""
+    env = os.environ if environ is None else environ
+    return env.get(ALLOW_HTTP_ENV, "").strip().lower() in TRUE
+
+
+def client_defaults(environ: Mapping[str, str] | None = None) -> ClientSettings:
+    """DELTABUS_WAREHOUSE (``client_warehouse``), DELTABUS_ENGINE (default auto) and
+    DELTABUS_ALLOW_HTTP (``client_allow_http``) of `environ` (default: this process's
+    environment), for an entry point that makes several clients (the command line). No
+    settings file: clients are configured by their arguments and these variables only.
+
+    A bad DELTABUS_ENGINE is an ``InvalidArgument`` naming it; an empty one means unset. A
+    client constructed without ``settings=`` resolves only the variables it uses, and only
+    when its arguments leave them open (``ClientBase``)."""
+    env = os.environ if environ is None else environ
     return ClientSettings(
-        warehouse=env.get(WAREHOUSE_ENV) or None,
-        engine=engine_name(ENGINE_ENV, raw_engine),
-        allow_http=parse_bool(ALLOW_HTTP_ENV, env.get(ALLOW_HTTP_ENV, "")),
+        warehouse=client_warehouse(env),
+        engine=engine_default(env),
+        allow_http=client_allow_http(env),
         engine_field=ENGINE_ENV,
     )
 

@@ -49,11 +49,37 @@ def test_client_defaults_resolve_the_three_variables_with_one_truthy_rule():
         assert config.client_defaults({"DELTABUS_ALLOW_HTTP": raw}).allow_http == config.load(None, {"DELTABUS_ALLOW_HTTP": raw}).allow_http
 
 
-@pytest.mark.parametrize("env, field", [({"DELTABUS_ALLOW_HTTP": "maybe"}, "DELTABUS_ALLOW_HTTP"), ({"DELTABUS_ENGINE": "hive"}, "DELTABUS_ENGINE")])
-def test_client_defaults_name_a_bad_variable(env, field):
+def test_client_defaults_name_a_bad_engine_and_read_an_unknown_allow_http_as_false():
     with pytest.raises(InvalidArgument) as e:
-        config.client_defaults(env)
-    assert e.value.field == field
+        config.client_defaults({"DELTABUS_ENGINE": "hive"})
+    assert e.value.field == "DELTABUS_ENGINE"
+    # As e32aae7's clients: only the true strings of the one rule allow http; a job rejects "maybe".
+    for raw in ("maybe", "2", "enabled"):
+        assert config.client_defaults({"DELTABUS_ALLOW_HTTP": raw}).allow_http is False
+        assert config.client_allow_http({"DELTABUS_ALLOW_HTTP": raw}) is False
+    assert config.client_allow_http({"DELTABUS_ALLOW_HTTP": " ON "}) is True
+
+
+def test_clients_construct_with_values_they_do_not_use(tmp_path, monkeypatch):
+    """e32aae7 constructed both clients with DELTABUS_ALLOW_HTTP=maybe, and with a bad
+    DELTABUS_ENGINE when given an engine: resolving the environment must not break them."""
+    from deltabus import PublisherClient, SubscriberClient
+    from deltabus.storage import open_engine
+
+    wh = str(tmp_path / "wh")
+    monkeypatch.setenv("DELTABUS_ALLOW_HTTP", "maybe")
+    monkeypatch.delenv("DELTABUS_ENGINE", raising=False)
+    PublisherClient(warehouse=wh)
+    sub = SubscriberClient(warehouse=wh)
+    assert sub._allow_http is False
+    engine = open_engine(wh, engine="delta-rs")
+    monkeypatch.setenv("DELTABUS_ENGINE", "bogus")
+    assert PublisherClient(engine=engine).engine is engine
+    assert SubscriberClient(engine=engine).engine is engine
+    # Without an engine the bad value still fails, where it did before: on opening, naming it.
+    with pytest.raises(InvalidArgument) as e:
+        PublisherClient(warehouse=wh)
+    assert e.value.field == "DELTABUS_ENGINE"
 
 
 def test_engine_names_are_one_literal():

@@ -10,7 +10,7 @@ from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import ackid, backlog, names, pagination, subscription_fields, watch
+from .. import ackid, backlog, config, names, pagination, subscription_fields, watch
 from ..watch import LogWatcher
 from ..delivery import operations as delivery
 from ..delivery.payloads import fetch_messages
@@ -58,7 +58,10 @@ class SubscriberClient(ClientBase):
     def __init__(self, warehouse: str | None = None, *, allow_http: bool | None = None, **kwargs: Any) -> None:
         self._closed = False
         super().__init__(warehouse, **kwargs)
-        self._allow_http = self._settings.allow_http if allow_http is None else bool(allow_http)
+        if allow_http is not None:
+            self._allow_http = bool(allow_http)
+        else:  # DELTABUS_ALLOW_HTTP, read only when not given; an unrecognised value is false (as before)
+            self._allow_http = self._settings.allow_http if self._settings is not None else config.client_allow_http()
         self._streams: list[StreamingPullManager] = []
         self._streams_lock = threading.Lock()
 
