@@ -6,8 +6,11 @@ through the subscription's filter hook, with the cursor it was read from and the
 to commit with them (in the same MERGE). They come from the change feed (pull, and a
 push subscription catching up) or from the push stream's micro-batch rows (the push
 job's steady state). At most ``MAX_FANOUT_VERSIONS`` versions are read from the change
-feed per call. Messages the filter drops are never inserted: the cursor still moves past
-them, which acks them at once.
+feed per call. Messages the filter drops are never inserted (so never delivered: acked at
+once), and the cursor covers them when it is committed. When that happens differs: the
+push job commits the cursor with every batch that moves it; pull commits it with its next
+write, or alone once it lags ``IDLE_CURSOR_LAG`` versions, so until then a pull with
+nothing to lease reads (and filters) the same range again on each poll.
 """
 
 from __future__ import annotations

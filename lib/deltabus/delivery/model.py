@@ -29,7 +29,11 @@ class OutcomeKind(str, Enum):
     ACK = "ack"
     NACK = "nack"  # includes modify_ack_deadline(0) and failed pushes
     DEADLINE = "deadline"  # modify_ack_deadline(n > 0): a lease extension
-    EXPIRY = "expiry"  # the lease ran out before an answer (push: the request was never sent)
+    # The lease ran out before an answer. Nothing reports it today: the push job reports
+    # an unsent or expired push as NACK (push/outcome_ledger.round_of), and a pull lease
+    # that runs out needs no write. It is kept for the retry policy (issue 13), which may
+    # treat an expiry differently from a nack; ``outcomes`` writes it as a nack.
+    EXPIRY = "expiry"
     GIVE_UP = "give_up"
 
 

@@ -17,6 +17,15 @@ into commits, and a crash between them must neither lose nor duplicate anything.
    ``recover`` runs its steps again, each one skipped if done. Any process may run it, at
    any time; the owner of the source partition runs it before it decides anew.
 
+Marked rows belong to their move until it ends. The copy carries the rows still marked
+with the key when it runs (not the rows marked at commit 1), and the drop deletes those
+still marked when it runs. So between commit 1 and the drop, no other path may change or
+delete a marked row: a lease would deliver a message that is being moved (or already
+copied), and an ack would make the copy skip it or, after the copy, count it twice. This
+module cannot enforce that (it owns none of those paths): once a feature marks rows, the
+source's own readers must leave marked rows out (issue 13's dead-lettering: lease
+selection and outcomes must exclude rows whose ``mark_column`` is set).
+
 Why marked rows (not an outbox table, not keys alone): the intent must be in the same commit
 as the decision, and that commit is on the source table; marks are rows already there, so
 the copy's content needs no history (time travel would depend on vacuum and log retention)
