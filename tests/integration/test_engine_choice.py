@@ -56,3 +56,14 @@ def test_moved_sees_only_the_partitions_and_app_transactions_a_write_touches(tmp
                     commit_properties=CommitProperties(app_transactions=[Transaction("cursor", 5)]))
     assert moved(after, DeltaTable(uri), "p", ["zz"], ["cursor"])
     assert not moved(after, DeltaTable(uri), "p", ["zz"], ["other"])
+
+
+def test_choose_engine_reads_no_setting_and_open_engine_resolves_none_once(warehouse, monkeypatch):
+    """Storage below open_engine is pure: None is "auto" whatever DELTABUS_ENGINE says; only
+    open_engine (an entry point for scripts and tests) resolves the variable, naming it."""
+    monkeypatch.setenv("DELTABUS_ENGINE", "hive")
+    assert choose_engine(None, None) == "delta-rs"
+    assert open_engine(warehouse, engine="delta-rs").name == "delta-rs"  # a given name: the variable is not read
+    with pytest.raises(InvalidArgument) as e:
+        open_engine(warehouse)
+    assert e.value.field == "DELTABUS_ENGINE"

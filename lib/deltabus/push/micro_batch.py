@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..config import ConcreteEngine
 from ..storage import Engine, Snapshot
 from ..timestamps import TS
 
@@ -33,7 +34,7 @@ class BatchRows(NamedTuple):
     last: int  # the last one
 
 
-def checkpoint_for(checkpoint_path: str, engine_name: str) -> str:
+def checkpoint_for(checkpoint_path: str, engine_name: ConcreteEngine) -> str:
     """The push job's checkpoint location under `checkpoint_path` for this engine."""
     suffix = "" if engine_name == "delta-rs" else f"-{engine_name}"
     return f"{checkpoint_path.rstrip('/')}/deliver{suffix}"

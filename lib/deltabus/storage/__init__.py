@@ -2,8 +2,8 @@
 
 ``open_engine`` picks delta-spark when the SparkSession it is given has the Delta JVM
 classes (a cluster with io.delta:delta-spark, or ``--packages``), and the embedded delta-rs
-engine otherwise. ``engine=`` (or, when None, ``DELTABUS_ENGINE`` resolved by ``config``)
-forces either. Storage reads no environment and looks for no session itself.
+engine otherwise. ``engine=`` forces either. Storage looks for no session itself, and only
+``open_engine(engine=None)`` consults a setting (DELTABUS_ENGINE, through ``config``): see there.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from ..config import ENGINE_ENV, ENGINES, EngineName, engine_default, engine_name
+from ..config import ENGINE_ENV, ENGINES, ConcreteEngine, EngineName, engine_default, engine_name
 from ..errors import FailedPrecondition, InvalidArgument, WarehouseNotFound
 from .delta_rs import DeltaRsEngine
 from .engine import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
@@ -26,18 +26,16 @@ DELTA_PACKAGE_HINT = (
 )
 
 
-def choose_engine(engine: EngineName | None, spark: "SparkSession | None", *, field: str | None = None) -> EngineName:
+def choose_engine(engine: EngineName | None, spark: "SparkSession | None", *, field: str = "engine") -> ConcreteEngine:
     """Which engine `engine` means with `spark` (the caller's session, or None): "delta-rs" or
-    "delta-spark". "auto" is delta-spark when `spark` has the Delta JVM classes.
+    "delta-spark". "auto" (and None) is delta-spark when `spark` has the Delta JVM classes.
+    Pure: reads no setting; errors name `field` (where the caller got `engine`).
 
     Storage never looks for a session itself: an entry point that wants the active one asks
-    Spark (``deltabus.spark.active_session()``) and passes it. ``engine=None`` is the
-    resolved default of ``config.engine_default()`` (DELTABUS_ENGINE, else auto), for callers
-    that pass nothing; errors then name DELTABUS_ENGINE (``field`` names another source)."""
+    Spark (``deltabus.spark.active_session()``) and passes it."""
     from .delta_spark import delta_jvm_available
 
-    field = field or ("engine" if engine is not None else ENGINE_ENV)
-    chosen = engine_name(field, engine) if engine is not None else engine_default()
+    chosen = "auto" if engine is None else engine_name(field, engine)
     if chosen == "delta-rs":
         return chosen
     has_delta = spark is not None and delta_jvm_available(spark)
@@ -112,13 +110,21 @@ def open_engine(
     With ``create`` (jobs, set-up, topic creation) a missing warehouse is created; without
     it a missing one raises ``WarehouseNotFound`` and nothing is written. Either way the
     tables a warehouse of an older version lacks are added. ``engine_field`` names where
-    ``engine`` came from in errors (default "engine", or DELTABUS_ENGINE when None).
+    ``engine`` came from in errors (default "engine").
+
+    ``engine=None`` is DELTABUS_ENGINE (else auto), resolved here once (``config.engine_default``;
+    errors name the variable): scripts, notebooks and tests call ``open_engine`` as their entry
+    point, and e32aae7's contract (test_engine_choice) is that the variable counts for them.
+    deltabus's own entry points (clients, jobs, the command line) resolve the setting themselves
+    and always pass a name, so nothing below them reads it. ``choose_engine`` reads nothing.
     """
     if create:
         check_warehouse_path(warehouse)
     else:
         require_warehouse(warehouse, storage_options)
-    chosen = choose_engine(engine, spark, field=engine_field)
+    if engine is None:
+        engine, engine_field = engine_default(), ENGINE_ENV
+    chosen = choose_engine(engine, spark, field=engine_field or "engine")
     store: Engine
     if chosen == "delta-spark":
         from .delta_spark import DeltaSparkEngine

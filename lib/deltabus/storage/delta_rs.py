@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, SchemaMismatchError, TableNotFoundError
 
+from ..config import ConcreteEngine
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
@@ -275,7 +276,7 @@ class DeltaRsEngine:
     incrementally before use (cheap: only new log entries are read).
     """
 
-    name = "delta-rs"
+    name: ConcreteEngine = "delta-rs"
     conflict_errors: tuple[type[BaseException], ...] = (CommitFailedError,)
 
     def __init__(

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, Ty
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..config import ConcreteEngine
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import plain
@@ -256,7 +257,7 @@ def moved(before: "RsTable", after: "RsTable", column: str, partitions: Sequence
 class DeltaSparkEngine:
     """Warehouse of Delta tables written by delta-spark on `spark`."""
 
-    name = "delta-spark"
+    name: ConcreteEngine = "delta-spark"
 
     def __init__(
         self,

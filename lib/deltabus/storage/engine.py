@@ -14,6 +14,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, TypeV
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..config import ConcreteEngine
+
 T = TypeVar("T")
 
 _SAFE_LITERAL = re.compile(r"^[A-Za-z0-9_\-]+$")
@@ -123,7 +125,7 @@ class Snapshot(Protocol):
 
 
 class Engine(Protocol):
-    name: str
+    name: ConcreteEngine  # what "auto" resolved to; compared as this Literal, never as a bare str
     warehouse: str
     # What a write raises when a concurrent commit conflicts with it (transact reruns on these).
     conflict_errors: tuple[type[BaseException], ...]

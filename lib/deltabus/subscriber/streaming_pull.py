@@ -21,7 +21,7 @@ import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Literal, NamedTuple, Protocol, Sequence
 
 from ..errors import NotFound
 from ..policy import flow_control as fc
@@ -37,6 +37,15 @@ log = logging.getLogger(__name__)
 _BATCH_WAIT = 0.05
 _MAX_BATCH = 2500
 _IDLE_WAIT = 1.0  # the longest wait for a change after an empty pull (LeaseOps may wait less)
+
+# What a callback asks of the dispatcher; "stop" (no message) ends it after the batch it is in.
+RequestKind = Literal["ack", "nack", "modack", "stop"]
+
+
+class _Request(NamedTuple):
+    kind: RequestKind
+    ack_id: str  # "" for "stop"
+    seconds: int  # the new deadline of a "modack"; 0 otherwise
 
 
 class LeaseOps(Protocol):
@@ -103,7 +112,7 @@ class StreamingPullManager:
         self._leased_bytes = 0
         self._paused = False
         self._histogram = Histogram()
-        self._requests: "queue.Queue[tuple[str, str, int]]" = queue.Queue()
+        self._requests: "queue.Queue[_Request]" = queue.Queue()
         self._stop = threading.Event()
         self._closed = threading.Event()
         # Orders a callback's request against close(): a request either enters the queue
@@ -157,8 +166,8 @@ class StreamingPullManager:
             with self._submit_lock:
                 self._closing = True
                 for ack_id in held:
-                    self._requests.put(("nack", ack_id, 0))
-                self._requests.put(("stop", "", 0))
+                    self._requests.put(_Request("nack", ack_id, 0))
+                self._requests.put(_Request("stop", "", 0))
             if self._dispatcher is not threading.current_thread() and self._dispatcher.is_alive():
                 self._dispatcher.join()
             self._closed.set()
@@ -320,10 +329,10 @@ class StreamingPullManager:
             )
 
     # -- RequestSink: called from callbacks ----------------------------------------
-    def _submit(self, kind: str, message: Message, seconds: int = 0) -> None:
+    def _submit(self, kind: RequestKind, message: Message, seconds: int = 0) -> None:
         with self._submit_lock:
             if not self._closing:
-                self._requests.put((kind, message.ack_id, seconds))
+                self._requests.put(_Request(kind, message.ack_id, seconds))
                 return
         # The stream is closing or closed; carry the request out directly rather than lose it.
         self._send(
