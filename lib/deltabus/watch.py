@@ -1,12 +1,13 @@
 """One log watcher per process: tells waiting pulls and streams that a table has a new version.
 
-A blocking pull, a ``subscribe()`` stream's consumer or a stream source that found nothing
-waits here instead of sleep-polling Delta. ONE daemon thread per process follows the
+A blocking pull or a ``subscribe()`` stream's consumer that found nothing waits here instead
+of sleep-polling Delta; the push job's stream source asks it for the messages table's version
+each trigger (``current``: a stat of a local log instead of a log read). ONE daemon thread per process follows the
 ``_delta_log`` of every watched table and ``notify_all``s a ``threading.Condition`` when a
 version appears; waiters re-check and go back to waiting. Contract:
 
 - ``LogWatcher.current(uris)`` returns the versions known now (a local table is checked at
-  once, one ``stat``); pass them to ``wait_newer`` after a read that found nothing. A commit
+  once, one ``stat``, and re-read every ``resync_interval``); pass them to ``wait_newer`` after a read that found nothing. A commit
   made after ``current`` returned always ends the wait (no lost wake-up); one made before it
   may end it spuriously, which costs the caller one extra read.
 - ``wait_newer`` returns True when a watched table moved past `seen`, False at `timeout`
@@ -18,6 +19,10 @@ version appears; waiters re-check and go back to waiting. Contract:
   store is re-read with its ``read_version`` callable every ``remote_interval`` (1 s): a
   listing per poll would cost more than the sleep-polling it replaces.
 - With no waiter the thread parks on the condition and uses no CPU.
+- ``watch`` keeps the NEWEST registrant's ``read_version`` (clients re-register on every
+  pull and stream), so a closed client's engine is not held once another registers the table.
+- A read that fails in the thread is retried next pass; the first failure of each table is
+  logged once (its URI and the error's type: no payloads, no storage options).
 
 Fork safety (FACTS.md): threads do not survive ``fork``; ``watcher()`` notices the new
 process id and starts a fresh watcher in the child. The thread calls ``read_version``
@@ -26,6 +31,7 @@ process id and starts a fresh watcher in the child. The thread calls ``read_vers
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -35,6 +41,8 @@ from typing import Callable, Mapping, Sequence
 LOCAL_INTERVAL = 0.02  # seconds between stats of a local log while someone waits
 REMOTE_INTERVAL = 1.0  # seconds between version reads of a table in an object store
 RESYNC_INTERVAL = 10.0  # seconds between full version reads of a local table
+
+log = logging.getLogger(__name__)
 
 
 def local_log_dir(uri: str) -> str | None:
@@ -90,15 +98,19 @@ class LogWatcher:
         self._waiters = 0
         self._cancels: list[threading.Event] = []
         self._thread: threading.Thread | None = None
+        self._failed: set[str] = set()  # tables whose read failure the thread has logged
         self.polls = 0
         self.wakeups = 0
 
     # -- registration and reading ---------------------------------------------------
     def watch(self, uri: str, read_version: Callable[[], int]) -> int:
-        """Follow `uri` from now on (idempotent; the first `read_version` given is kept) and
-        return its version. `read_version` reads the table's current version."""
+        """Follow `uri` from now on and return its version. `read_version` reads the table's
+        current version; it replaces the one an earlier call gave (the newest registrant's is
+        used, so the watcher holds no engine its registrants dropped), the version is kept."""
         with self._cond:
             t = self._tables.get(uri)
+            if t is not None:
+                t.read_version = read_version
         if t is None:
             version = read_version()
             now = self._clock()
@@ -110,16 +122,14 @@ class LogWatcher:
 
     def current(self, uris: Sequence[str]) -> dict[str, int]:
         """The versions of `uris` (each watched already) known now: a local table is checked
-        at once (a stat), one in an object store is re-read when its last read is older than
-        ``remote_interval`` (the thread only polls while someone waits)."""
+        at once (a stat; re-read every ``resync_interval``, so a re-created table is seen even
+        by a caller that never waits), one in an object store is re-read when its last read is
+        older than ``remote_interval`` (the thread only polls while someone waits). A failing
+        read raises here, to the caller."""
         out: dict[str, int] = {}
         for uri in uris:
             t = self._tables[uri]
-            if t.log_dir is not None:
-                self._advance(uri, t, newest_local_version(t.log_dir, t.version))
-            elif self._clock() >= t.next_poll:
-                t.next_poll = self._clock() + self._remote_interval
-                self._advance(uri, t, t.read_version())
+            self._poll(uri, t, self._clock())
             out[uri] = t.version
         return out
 
@@ -177,7 +187,11 @@ class LogWatcher:
             for uri, t in tables:
                 try:
                     self._poll(uri, t, now)
-                except Exception:  # a table being deleted or a store hiccup: try again next pass
+                except Exception as exc:  # a table being deleted or a store hiccup: try again next pass
+                    if uri not in self._failed:
+                        self._failed.add(uri)
+                        log.warning("deltabus log watcher: reading %s failed (%s); retrying every pass, logged once",
+                                    uri, type(exc).__name__)
                     continue
             time.sleep(self._local_interval)
 

@@ -114,6 +114,65 @@ def test_cancel_ends_a_wait_and_a_remote_table_is_read_at_its_interval():
     assert lw.current([uri]) == {uri: 2}
 
 
+def test_the_newest_registrant_reads_and_a_dropped_one_is_freed():
+    import gc
+    import weakref
+
+    class Engine:  # stands for a client's engine: what a read_version closure holds
+        def __init__(self, v: int) -> None:
+            self.v = v
+
+        def version(self) -> int:
+            return self.v
+
+    now = [0.0]
+    lw = LogWatcher(remote_interval=1.0, clock=lambda: now[0])
+    uri = "s3://bucket/t"
+    old, new = Engine(3), Engine(5)
+    assert lw.watch(uri, old.version) == 3
+    gone = weakref.ref(old)
+    assert lw.watch(uri, new.version) == 3  # the version is kept; the reader is replaced
+    del old
+    gc.collect()
+    assert gone() is None  # the watcher no longer holds the first client's engine
+    now[0] = 2.0
+    assert lw.current([uri]) == {uri: 5}
+
+
+def test_current_re_reads_a_re_created_local_table_at_the_resync_interval(table):
+    import shutil
+
+    now = [0.0]
+    lw = LogWatcher(resync_interval=10.0, clock=lambda: now[0])
+    write_deltalake(table, ROW, mode="append")
+    assert lw.watch(table, _version(table)) == 1
+    shutil.rmtree(table)
+    write_deltalake(table, ROW)  # re-created: version 0, and no 2.json to stat
+    assert lw.current([table]) == {table: 1}  # between resyncs only the next version is stat-ed
+    now[0] = 10.0
+    assert lw.current([table]) == {table: 0}  # a caller that never waits still resyncs
+
+
+def test_the_thread_logs_a_tables_first_read_failure_once(caplog):
+    calls = [0]
+
+    def read() -> int:
+        calls[0] += 1
+        if calls[0] == 1:
+            return 0
+        raise OSError("token=SECRET-VALUE refused")
+
+    lw = LogWatcher(remote_interval=0.02)
+    uri = "s3://bucket/failing"
+    lw.watch(uri, read)
+    with caplog.at_level("WARNING", logger="deltabus.watch"):
+        assert lw.wait_newer({uri: 0}, timeout=0.3) is False
+    assert calls[0] >= 3  # retried on every pass
+    logged = [r.getMessage() for r in caplog.records if r.name == "deltabus.watch"]
+    assert len(logged) == 1 and uri in logged[0] and "OSError" in logged[0]
+    assert "SECRET" not in logged[0]  # the error's type only, never its text
+
+
 def test_one_watcher_per_process(monkeypatch):
     first = watch.watcher()
     assert watch.watcher() is first

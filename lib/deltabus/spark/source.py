@@ -13,12 +13,15 @@ the ends of push backoff are acted on while nothing is published.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition, SimpleDataSourceStreamReader
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from ..config import ConcreteEngine
 
 NAME = "deltabus_messages"
 VERSIONS_PER_PARTITION = 50
@@ -111,9 +114,7 @@ class MessagesStreamReader(DataSourceStreamReader):
         self._last: int | None = None
 
     def _latest_version(self) -> int:
-        from deltalake import DeltaTable
-
-        return DeltaTable(self.uri).version()
+        return _latest(self.uri)
 
     def initialOffset(self) -> Offset:
         # A new query starts at the current end; subscriptions catch up from their own cursors.
@@ -142,10 +143,26 @@ class MessagesStreamReader(DataSourceStreamReader):
         self._last = int(end["version"])
 
 
-def _latest(uri: str) -> int:
+def _read_version(uri: str) -> int:
     from deltalake import DeltaTable
 
     return DeltaTable(uri).version()
+
+
+def _latest(uri: str) -> int:
+    """The messages table's newest version, through this process's log watcher when local:
+    one stat of the next version's log file per trigger instead of opening the table (which
+    reads the log since its last checkpoint; measured 14 ms against 9 us on a local table of
+    30 versions), and a full read every ``RESYNC_INTERVAL``. A
+    table in an object store is read each trigger as before (the watcher would re-read it at
+    most every ``REMOTE_INTERVAL``, later than the trigger)."""
+    from ..watch import local_log_dir, watcher
+
+    if local_log_dir(uri) is None:
+        return _read_version(uri)
+    lw = watcher()
+    lw.watch(uri, functools.partial(_read_version, uri))
+    return lw.current([uri])[uri]
 
 
 def _tuples(uri: str, a: int, b: int) -> Iterator[Row]:
@@ -223,7 +240,7 @@ def register(spark: Any) -> None:
     spark.dataSource.register(MessagesSource)
 
 
-def message_stream(spark: Any, engine: str, uri: str, trigger_interval: float) -> Any:
+def message_stream(spark: Any, engine: ConcreteEngine, uri: str, trigger_interval: float) -> Any:
     """The push job's input stream for `engine`.
 
     delta-rs: this module's source (keys of each version range, a marker row, a tick per poll).
