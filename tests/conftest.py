@@ -13,6 +13,23 @@ from deltabus.storage.tables import ALL
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The suite runs on two pytest-xdist workers (pyproject: -n 2 --dist loadgroup). These tests
+# start whole Spark applications (spark-submit, a notebook kernel, the bench) or are
+# sensitive to a busy machine (the 10k-message push run counts a push that waited past its
+# deadline in a worker as a nack): they run one after another on one worker, while the
+# other takes everything else. Measured on 2 cores: 12 min 50 s serially.
+SERIAL_FILES = {
+    "test_bench_cli.py", "test_deliver_job.py", "test_deliver_signals.py", "test_notebooks.py",
+    "test_quickstart.py", "test_sql.py",
+}
+SERIAL_TESTS = {"test_ten_thousand_messages_to_three_push_subscriptions"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SERIAL_FILES or getattr(item, "originalname", item.name) in SERIAL_TESTS:
+            item.add_marker(pytest.mark.xdist_group("apps"))
+
 
 class ManualClock:
     """A wall clock tests move by hand, so deadlines pass without sleeping."""
