@@ -13,27 +13,6 @@ from deltabus.storage.tables import ALL
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The suite runs on two pytest-xdist workers (pyproject: -n 2 --dist loadgroup). The tests
-# that start whole Spark applications (spark-submit, a notebook kernel, the bench) or run the
-# push job against real endpoints form one group, run one after another on one worker, while
-# the other worker takes everything else. The push-job tests come last in that group: they
-# count a push that waited past its ack deadline in a worker as a nack, and a busy machine
-# makes that happen (measured: 1,200-5,200 of 30,000 in the 10k run when both cores were
-# busy); by then the other worker has finished (it has 4-5 minutes of work). The group comes
-# first in the collection, so a worker starts it at once. Serially the suite took 12 min 50 s.
-APPS_FIRST = ("test_notebooks.py", "test_sql.py", "test_quickstart.py", "test_bench_cli.py",
-              "test_deliver_signals.py", "test_deliver_job.py")
-APPS_LAST = ("test_push_pool.py", "test_push_backoff.py", "test_push.py")
-APPS = APPS_FIRST + APPS_LAST
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    apps = [i for i in items if i.path.name in APPS]
-    for item in apps:
-        item.add_marker(pytest.mark.xdist_group("apps"))
-    apps.sort(key=lambda i: APPS.index(i.path.name))  # stable: tests keep their order in a file
-    items[:] = apps + [i for i in items if i.path.name not in APPS]
-
 
 class ManualClock:
     """A wall clock tests move by hand, so deadlines pass without sleeping."""
