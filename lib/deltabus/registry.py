@@ -15,6 +15,7 @@ from .storage import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, lit
 from .storage.tables import SUBSCRIPTIONS, TOPICS
 from . import subscription_fields
 from .names import DELETED_TOPIC
+from .timestamps import utc
 from .types import Subscription, Topic
 
 Clock = Callable[[], float]
@@ -22,10 +23,6 @@ Clock = Callable[[], float]
 
 def new_uid(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(8)}"
-
-
-def utc(ts: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ Runs on the job's thread only.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from dataclasses import replace
 from typing import Callable, Mapping
@@ -28,6 +27,7 @@ from .. import backlog as backlog_mod
 from ..backlog import BacklogStats
 from ..registry import SubscriptionRecord
 from ..storage import Engine
+from ..timestamps import utc
 from .outcome_ledger import OutcomeLedger
 from .state import SubState
 
@@ -40,7 +40,7 @@ def with_push_fields(stats: BacklogStats, st: SubState) -> BacklogStats:
     return replace(
         stats, delivered=st.delivered, acked=st.acked, nacked=st.nacked,
         push_window=st.window.limit, backoff_seconds=st.backoff.delay,
-        backoff_until=(dt.datetime.fromtimestamp(st.backoff.paused_until, tz=dt.timezone.utc)
+        backoff_until=(utc(st.backoff.paused_until)
                        if st.backoff.active and st.backoff.paused_until > 0 else None),
         backoff_reason=st.backoff_reason, last_status=st.last_status, last_error=st.last_error,
     )
