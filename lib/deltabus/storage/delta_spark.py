@@ -67,7 +67,13 @@ class StaleSnapshot(Exception):
 def delta_jvm_available(spark: "SparkSession") -> bool:
     """Whether Spark's JVM can load delta-spark (``--packages io.delta:...`` or a cluster install)."""
     try:
-        spark._jvm.java.lang.Class.forName(DELTA_CLASS)  # type: ignore[union-attr]
+        # Through the thread's context class loader: spark-submit puts --jars there, not on the
+        # system class path that a one-argument Class.forName called from py4j searches
+        # (measured: with ./spark-submit.sh --jars <delta jars> that said False on local[2] and
+        # spark://, while the context loader loaded the class).
+        jvm = spark._jvm
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()  # type: ignore[union-attr]
+        jvm.java.lang.Class.forName(DELTA_CLASS, False, loader)  # type: ignore[union-attr]
         return True
     except Exception:
         return False
