@@ -61,4 +61,14 @@ if [ -z "${SPARK_LOCAL_IP:-}" ]; then
   master="$(spark_master "$SPARK_CONF_DIR/spark-defaults.conf" "$@")"
   case "$master" in local*) export SPARK_LOCAL_IP=127.0.0.1 ;; esac
 fi
-exec "$ROOT/.venv/bin/spark-submit" "${ship[@]}" "$@"
+# The delta-spark engine: a job asked for it (--engine delta-spark, or engine = delta-spark in
+# the settings) gets the Delta jars pinned in conf/deltabus.conf ([delta-spark] package), fetched once
+# into build/delta-jars/, and the session settings Delta needs; a line that brings Delta itself
+# (--packages io.delta:delta-spark...) gets those settings. Otherwise the arguments pass as given.
+plan="$(mktemp)"
+if ! "$DELTABUS_PY" -m deltabus.spark.delta_jars submit-args --cache "$ROOT/build/delta-jars" \
+    --spark-submit "$ROOT/.venv/bin/spark-submit" -- "$@" >"$plan"; then
+  rm -f "$plan"; exit 1
+fi
+mapfile -d '' args <"$plan"; rm -f "$plan"
+exec "$ROOT/.venv/bin/spark-submit" "${ship[@]}" "${args[@]}"

@@ -75,12 +75,49 @@ def table_versions(warehouse: str) -> dict[str, int]:
     return {spec.name: DeltaTable(f"{warehouse}/{spec.name}").version() for spec in ALL}
 
 
+def _delta_jars() -> tuple[list[str], str | None]:
+    """The Delta jars for the tests' SparkSession, fetched on first use into build/delta-jars
+    exactly as ./spark-submit.sh does (``deltabus.spark.delta_jars``), and None; or no jars
+    and the reason (a machine that reaches no registry): delta-spark cases then skip with it."""
+    from deltabus import config
+    from deltabus.errors import DeltabusError
+    from deltabus.spark.delta_jars import Package, resolve
+
+    package = Package.parse(config.delta_package(config.default_path()))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    try:
+        jars = resolve(package, ROOT / "build" / "delta-jars", spark_submit=str(Path(sys.executable).parent / "spark-submit"), env=env)
+    except DeltabusError as e:
+        return [], f"delta-spark cannot run on this machine: {e}"
+    return [str(j) for j in jars], None
+
+
+# Tests say which engine they mean. The session below has the Delta jars, so "auto" would
+# mean delta-spark for clients made while it is active (their engine comes from
+# DELTABUS_ENGINE): pin the embedded engine for the test process; delta-spark cases pass
+# engine="delta-spark" (tests that exercise the variable itself set it with monkeypatch).
+os.environ["DELTABUS_ENGINE"] = "delta-rs"
+DELTA_JARS, DELTA_SKIP = _delta_jars()
+
+
+def requires_delta(spark) -> None:
+    """Skip the calling test, with the reason, where the session has no Delta jars."""
+    from deltabus.storage.delta_spark import delta_jvm_available
+
+    if not delta_jvm_available(spark):
+        pytest.skip(DELTA_SKIP or "the SparkSession has no Delta jars")
+
+
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole run (starting one takes seconds)."""
+    """One local SparkSession for the whole run (starting one takes seconds), with the Delta
+    jars and session settings of the delta-spark engine (``DELTA_JARS``) where they could be
+    fetched."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
+
+    from deltabus.spark.delta_jars import SESSION_CONFS
 
     builder = (
         SparkSession.builder.master("local[2]")
@@ -90,15 +127,10 @@ def spark():
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
     )
-    # With the Delta jars (a machine that reaches Maven), the delta-spark engine's contract runs too:
-    # DELTABUS_TEST_SPARK_PACKAGES=io.delta:delta-spark_2.13:<version> ./run-tests.sh
-    packages = os.environ.get("DELTABUS_TEST_SPARK_PACKAGES")
-    if packages:
-        builder = (
-            builder.config("spark.jars.packages", packages)
-            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        )
+    if DELTA_JARS:
+        builder = builder.config("spark.jars", ",".join(DELTA_JARS))
+        for key, value in SESSION_CONFS.items():
+            builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -26,6 +26,7 @@ ENGINES: tuple[EngineName, ...] = get_args(EngineName)
 ConcreteEngine = Literal["delta-rs", "delta-spark"]
 
 SECTION = "deltabus"
+DELTA_SECTION = "delta-spark"
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
 
@@ -125,6 +126,19 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
         if env_raw is not None:
             values[name] = _coerce(f"DELTABUS_{name.upper()}", types[str(kind)], env_raw)
     return Settings(**values)
+
+
+def delta_package(path: str | os.PathLike[str]) -> str:
+    """The Delta JVM package (``group:artifact:version``) pinned in the settings file's
+    ``[delta-spark]`` section as ``package``: the one place the delta-spark engine's version
+    is written. Not a ``Settings`` field: it is read before Spark starts (spark-submit.sh,
+    the tests' session), not by a job. An ``InvalidArgument`` naming it when missing."""
+    parser = configparser.ConfigParser()
+    parser.read(path)
+    raw = parser.get(DELTA_SECTION, "package", fallback="").strip()
+    if not raw:
+        raise InvalidArgument(f"{path}: [{DELTA_SECTION}] package", "must be set (group:artifact:version of the Delta JVM package)")
+    return raw
 
 
 def default_path(environ: Mapping[str, str] | None = None) -> Path:
