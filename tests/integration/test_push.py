@@ -17,7 +17,8 @@ pytestmark = pytest.mark.spark
 
 
 def settings(warehouse, **kw):
-    values = dict(warehouse=warehouse, allow_http=True, trigger_interval=0.2, backlog_interval=0.5)
+    # The engine is pinned: the tests' session has the Delta jars, where "auto" means delta-spark.
+    values = dict(warehouse=warehouse, allow_http=True, trigger_interval=0.2, backlog_interval=0.5, engine="delta-rs")
     values.update(kw)
     return config.Settings(**values)
 

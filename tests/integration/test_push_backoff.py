@@ -23,7 +23,7 @@ TRIGGER = 0.2
 
 
 def settings(warehouse):
-    return config.Settings(warehouse=warehouse, allow_http=True, trigger_interval=TRIGGER, backlog_interval=0.2)
+    return config.Settings(warehouse=warehouse, allow_http=True, trigger_interval=TRIGGER, backlog_interval=0.2, engine="delta-rs")
 
 
 def index_of(r):
