@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from typing import Callable
 
@@ -10,12 +11,22 @@ from aiohttp import web
 
 
 class ServerThread:
-    """``ServerThread(app, host, port).start()``; ``.port`` is the bound port (0 picks a free one)."""
+    """``ServerThread(app, host, port).start()``; ``.port`` is the bound port (0 picks a free one).
+    With `ssl_context` it serves HTTPS only (a plain-HTTP request on that port fails its handshake)."""
 
-    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0, *, name: str = "deltabus-http") -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        name: str = "deltabus-http",
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port
+        self._ssl_context = ssl_context
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._ready = threading.Event()
@@ -25,7 +36,7 @@ class ServerThread:
     async def _start(self) -> None:
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024, ssl_context=self._ssl_context)
         await site.start()
         self.port = int(self._runner.addresses[0][1])  # (host, port[, ...]) of the one site
 

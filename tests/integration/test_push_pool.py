@@ -16,9 +16,10 @@ import pytest
 
 from deltabus.push.ledger import PushLedger
 from deltabus.push.pool import POOL_GROUP, PoolServer, PushPool
+from deltabus.push.pool_tls import make_certificate
 from deltabus.push.sender import REQUEST_SCHEMA
 from deltabus.push.wire import AUTH_HEADER, PENDING_HEADER, WORKER_HEADER
-from deltabus.push.worker import Worker
+from deltabus.push.worker import Worker, pool_partition
 from tests.endpoints import Behaviour, Endpoint
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, 250000, tzinfo=dt.timezone.utc)
@@ -129,6 +130,75 @@ def test_the_pool_server_refuses_a_wrong_key_and_bad_counts(server):
     assert status == 400 and PENDING_HEADER in text
 
 
+@pytest.fixture
+def tls_server():
+    s = PoolServer(PushLedger(), per_sub=64, tls=make_certificate("127.0.0.1", dt.datetime.now(dt.timezone.utc)))
+    yield s
+    s.close()
+    s.stop()
+
+
+def test_over_tls_a_pinned_worker_gets_work_and_reports_every_outcome(tls_server):
+    assert tls_server.url.startswith("https://127.0.0.1:") and tls_server.pin is not None
+    with Endpoint(Behaviour(lambda r, n: (204 if n % 10 else 500, 0.0))) as ep, \
+            WorkerThread(tls_server.url, tls_server.key, pin=tls_server.pin, per_sub=64) as w:
+        tls_server.ledger.submit("a", requests("a", ep.url, range(200)))
+        tls_server.notify()
+        out = settle_all(tls_server.ledger, 200)
+        tls_server.close()
+        assert w.join(30) and w.pushed == 200
+    assert sorted(out["message_id"].to_pylist(), key=int) == [str(i) for i in range(200)]
+    assert out["outcome"].to_pylist().count("nack") == 20 and tls_server.ledger.outstanding() == 0
+
+
+def test_a_worker_pinned_to_another_certificate_sends_the_pool_nothing_and_stops(tls_server, caplog):
+    """An impostor: the handshake works, the pin does not match, so not even the key is sent.
+    The worker stops at once instead of retrying until it is orphaned (30 s)."""
+    other = make_certificate("127.0.0.1", dt.datetime.now(dt.timezone.utc)).certificate.pin
+    with Endpoint() as ep:
+        tls_server.ledger.submit("a", requests("a", ep.url, range(10)))
+        tls_server.notify()
+        started = time.monotonic()
+        with WorkerThread(tls_server.url, tls_server.key, pin=other) as w:
+            assert w.join(10)
+        assert time.monotonic() - started < 5 and w.pushed == 0
+        assert tls_server.ledger.queued() == 10 and tls_server.ledger.outstanding() == 10  # none handed out
+        assert ep.snapshot() == []
+    assert "certificate other than the pinned one" in caplog.text and tls_server.key not in caplog.text
+
+
+def test_a_plain_http_client_gets_no_work_from_the_tls_pool(tls_server):
+    tls_server.ledger.submit("a", requests("a", "http://127.0.0.1:9/", range(5)))
+    tls_server.notify()
+    plain = tls_server.url.replace("https://", "http://")
+
+    async def ask() -> int:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{plain}/work", headers={AUTH_HEADER: tls_server.key, WORKER_HEADER: "w"}) as r:
+                return r.status
+
+    with pytest.raises(aiohttp.ClientError):  # the server drops the connection at its TLS handshake
+        asyncio.run(ask())
+    assert tls_server.ledger.queued() == 5
+
+
+def test_the_pool_partition_ships_the_pin_with_its_closure_and_its_worker_uses_it(tls_server):
+    """What Spark does with the pool's body: pickle it on the driver, run it on an executor."""
+    from pyspark import cloudpickle
+
+    body = cloudpickle.loads(cloudpickle.dumps(pool_partition(tls_server.url, tls_server.key, 8, pin=tls_server.pin)))
+    with Endpoint() as ep:
+        tls_server.ledger.submit("a", requests("a", ep.url, range(50)))
+        tls_server.notify()
+        result: list[pa.RecordBatch] = []
+        runner = threading.Thread(target=lambda: result.extend(body(iter([pa.record_batch({"id": [0]})]))), daemon=True)
+        runner.start()
+        out = settle_all(tls_server.ledger, 50)
+        tls_server.close()
+        runner.join(30)
+    assert out.num_rows == 50 and result[0].column("pushed").to_pylist() == [50] and len(ep.snapshot()) == 50
+
+
 def test_a_worker_whose_driver_is_gone_stops_on_its_own():
     d = PushLedger()
     s = PoolServer(d)
@@ -145,6 +215,7 @@ def test_the_pool_job_delivers_and_comes_back_after_its_spark_job_is_cancelled(s
         pool = PushPool(spark, workers=2)
         try:
             assert pool.workers == 1  # the test session is local[2]: one slot stays for micro-batches
+            assert pool.url.startswith("http://127.0.0.1:")  # a local master on loopback: plain HTTP
             pool.submit("a", requests("a", ep.url, range(300)))
             out = settle_all(pool.ledger, 300, timeout=60)
             assert out.num_rows == 300 and set(out["outcome"].to_pylist()) == {"ack"}

@@ -5,7 +5,10 @@ tasks are push workers (``worker.Worker``) that live as long as the job does. Th
 serves them work from the ``PushLedger`` (``ledger.py``) on a small HTTP server (127.0.0.1 on a local
 master; ``spark.driver.host`` on a cluster, the address executors already reach the
 driver at). Every request carries a random key made for this run, so nothing else on the
-network can take pushes or report outcomes.
+network can take pushes or report outcomes. Off loopback (any master but a local one)
+the link is HTTPS with a certificate made for the run, which the workers pin
+(``pool_tls.py``): assignments carry payloads and OIDC tokens, and the key itself must not
+cross a network in clear.
 
 Why not one Spark job per batch of pushes: measured here, each such job cost more JVM
 time than the pushes themselves (DataFrame creation, Arrow round trips through the JVM,
@@ -33,7 +36,9 @@ from aiohttp import web
 
 from .._server_thread import ServerThread
 from ..errors import InvalidArgument
+from ..timestamps import utc
 from .ledger import Collected, PushLedger
+from .pool_tls import CertPin, PoolTls, link_uses_tls, make_certificate
 from .sender import MAX_CONCURRENCY
 from .wire import AUTH_HEADER, PENDING_HEADER, RESULT_SCHEMA, WORKER_HEADER, from_ipc, to_ipc
 from .worker import PER_SUB_ROWS, pool_partition
@@ -60,20 +65,27 @@ def pool_size(wanted: int, slots: int) -> int:
 
 
 class PoolServer:
-    """The driver's HTTP side: hands out work from a PushLedger and takes outcomes back."""
+    """The driver's HTTP side: hands out work from a PushLedger and takes outcomes back.
+
+    With `tls` it serves HTTPS only, ``url`` starts with ``https://`` and ``pin`` is what the
+    workers must pin; without, plain HTTP and ``pin`` is None."""
 
     def __init__(self, ledger: PushLedger, *, host: str = "127.0.0.1", advertise: str | None = None,
-                 per_sub: int = PER_SUB_ROWS, key: str | None = None) -> None:
+                 per_sub: int = PER_SUB_ROWS, key: str | None = None, tls: PoolTls | None = None) -> None:
         self.ledger = ledger
         self.per_sub = per_sub
         self.key = key or secrets.token_urlsafe(32)
+        self.pin: CertPin | None = tls.certificate.pin if tls is not None else None
         self.closing = False
         self._waiters: set[asyncio.Future[None]] = set()
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_post("/work", self._work)
         app.router.add_post("/outcomes", self._outcomes)
-        self._server = ServerThread(app, host, 0, name="deltabus-push-pool").start()
-        self.url = f"http://{advertise or host}:{self._server.port}"
+        self._server = ServerThread(
+            app, host, 0, name="deltabus-push-pool", ssl_context=tls.context if tls is not None else None
+        ).start()
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://{advertise or host}:{self._server.port}"
 
     def notify(self) -> None:
         """New work was queued (or the pool is closing): wake the waiting long polls."""
@@ -136,6 +148,12 @@ class PoolServer:
 
 
 class PushPool:
+    """The push workers' Spark job and the driver's pool server that feeds them.
+
+    The link is plain HTTP on 127.0.0.1 for a local master only; for any other master
+    (``spark://127.0.0.1:…`` included) it is HTTPS with a certificate made here, valid
+    from `wall`'s now (``pool_tls.link_uses_tls`` decides). ``url`` says which."""
+
     def __init__(
         self,
         spark: "SparkSession",
@@ -145,13 +163,15 @@ class PushPool:
         concurrency: int = MAX_CONCURRENCY,
         per_sub: int = PER_SUB_ROWS,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.spark = spark
         sc = spark.sparkContext
         self.workers = pool_size(workers, sc.defaultParallelism)
         self.ledger = ledger or PushLedger(clock=clock)
         self.concurrency = concurrency
-        if (sc.master or "").startswith("local"):
+        master = sc.master or ""
+        if master.startswith("local"):
             advertise = bind = "127.0.0.1"
         else:
             # Spark sets spark.driver.host on every running context; its absence is a broken conf.
@@ -159,7 +179,14 @@ class PushPool:
             if not advertise:
                 raise InvalidArgument("spark.driver.host", "must be set: push workers reach the driver there")
             bind = spark.conf.get("spark.driver.bindAddress", advertise) or advertise
-        self.server = PoolServer(self.ledger, host=bind, advertise=advertise, per_sub=per_sub)
+        tls = make_certificate(advertise, utc(wall())) if link_uses_tls(master, bind) else None
+        self.server = PoolServer(self.ledger, host=bind, advertise=advertise, per_sub=per_sub, tls=tls)
+        self.url = self.server.url
+        if tls is not None:
+            log.info("push pool at %s (TLS, per-run certificate)", self.url)
+            log.debug("push pool certificate SHA-256 %s", tls.certificate.pin.hex())
+        else:
+            log.info("push pool at %s (plain HTTP: local master on loopback)", self.url)
         self._closing = threading.Event()  # set by the job's thread, read by the workers' thread
         self.restarts = 0  # times the workers' Spark job was started again
         self._thread = threading.Thread(target=self._run, name="deltabus-push-workers", daemon=True)
@@ -240,7 +267,7 @@ class PushPool:
         sc = self.spark.sparkContext
         sc.setLocalProperty("spark.scheduler.pool", "push")
         sc.setJobGroup(POOL_GROUP, f"deltabus push workers ({self.workers})", interruptOnCancel=True)
-        body = pool_partition(self.server.url, self.server.key, self.concurrency)
+        body = pool_partition(self.server.url, self.server.key, self.concurrency, pin=self.server.pin)
         failures = 0
         while not self._closing.is_set():
             try:

@@ -13,7 +13,12 @@ pool. Each worker:
 A worker stops when the driver answers 410 (the job is stopping; it finishes what it holds
 first) or when the driver has been unreachable for ``orphan_after`` seconds (the job died:
 what it held is leased in Delta and comes back when the leases expire).
-Nothing here logs a token or a payload.
+
+Over ``https://`` the worker pins the pool's per-run certificate (``pool_tls.CertPin``):
+aiohttp checks the server's certificate against the pin after the handshake and before it
+writes a request, so a server presenting any other certificate never sees the run key.
+Such a server is not the driver: the worker stops at once, like an orphan, without
+retrying. Nothing here logs a token or a payload.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from typing import Any, Callable, Iterator
 import aiohttp
 import pyarrow as pa
 
+from ..errors import InvalidArgument
 from .outcome import ERROR, EXPIRED, PushOutcome
+from .pool_tls import CertPin
 from .sender import MAX_CONCURRENCY, Request, requests_of, send
 from .wire import AUTH_HEADER, PENDING_HEADER, RESULT_SCHEMA, WORK_SCHEMA, WORKER_HEADER, from_ipc, to_ipc
 
@@ -39,6 +46,22 @@ PER_SUB_ROWS = 512  # rows a worker holds per subscription (queued + being sent)
 REPORT_EVERY = 0.02
 RECHECK = 0.1  # seconds between asks for work while busy and nothing came
 ORPHAN_AFTER = 30.0
+
+
+def control_ssl(url: str, pin: CertPin | None) -> aiohttp.Fingerprint | None:
+    """How a worker checks the pool at `url`: the pin for ``https://``, nothing for ``http://``.
+    Raises InvalidArgument (naming ``pin`` or ``url``) for any other pairing."""
+    if url.startswith("https://"):
+        if pin is None:
+            raise InvalidArgument("pin", "an https:// pool needs the certificate pin its driver made for the run")
+        if len(pin.sha256) != 32:
+            raise InvalidArgument("pin", f"must be a SHA-256 (32 bytes), got {len(pin.sha256)} bytes")
+        return aiohttp.Fingerprint(pin.sha256)
+    if url.startswith("http://"):
+        if pin is not None:
+            raise InvalidArgument("pin", "a plain http:// pool has no certificate to pin")
+        return None
+    raise InvalidArgument("url", f"must start with http:// or https://, got {url!r}")
 
 
 class _Sub:
@@ -54,11 +77,18 @@ class _Sub:
 
 
 class Worker:
+    """One push worker talking to the pool at `url` with the run's `key`.
+
+    `pin` is required for an ``https://`` pool and refused for an ``http://`` one (aiohttp
+    skips a pin on a plain connection, so accepting both would silently drop it):
+    InvalidArgument names the field."""
+
     def __init__(
         self,
         url: str,
         key: str,
         *,
+        pin: CertPin | None = None,
         concurrency: int = MAX_CONCURRENCY,
         per_sub: int = PER_SUB_ROWS,
         report_every: float = REPORT_EVERY,
@@ -67,6 +97,7 @@ class Worker:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.url = url.rstrip("/")
+        self._control_ssl = control_ssl(self.url, pin)
         self._wall = wall
         self.id = uuid.uuid4().hex
         self._headers = {AUTH_HEADER: key, WORKER_HEADER: self.id}
@@ -80,6 +111,7 @@ class Worker:
         self._outbox: list[tuple[Any, ...]] = []  # RESULT_SCHEMA rows
         self._room = asyncio.Event()  # set when some subscription dropped below per_sub
         self._stopping = False
+        self._impostor = False  # the server at url presented a certificate other than the pin
         self._last_contact = clock()
         self.pushed = 0
 
@@ -137,7 +169,16 @@ class Worker:
 
     # -- talking to the driver ----------------------------------------------------------
     def _orphaned(self) -> bool:
-        return self._clock() - self._last_contact > self.orphan_after
+        return self._impostor or self._clock() - self._last_contact > self.orphan_after
+
+    def _refuse(self, exc: aiohttp.ServerFingerprintMismatch) -> None:
+        if not self._impostor:
+            log.error(
+                "push worker %s: the server at %s presented a certificate other than the pinned one "
+                "(SHA-256 %s); stopping without sending it anything",
+                self.id, self.url, exc.got.hex(":").upper(),
+            )
+        self._impostor = True
 
     async def _wait_room(self, timeout: float) -> None:
         self._room.clear()
@@ -158,6 +199,9 @@ class Worker:
                 async with self._control.post(f"{self.url}/work", headers={**self._headers, PENDING_HEADER: pending}) as resp:
                     body = await resp.read()
                     status = resp.status
+            except aiohttp.ServerFingerprintMismatch as exc:
+                self._refuse(exc)
+                return
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 await asyncio.sleep(0.5)
                 continue
@@ -186,6 +230,9 @@ class Worker:
                     async with self._control.post(f"{self.url}/outcomes", data=body, headers=self._headers) as resp:
                         await resp.read()
                         ok = resp.status == 204
+                except aiohttp.ServerFingerprintMismatch as exc:
+                    self._refuse(exc)
+                    ok = False
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                     ok = False
                 if ok:
@@ -199,8 +246,9 @@ class Worker:
     async def run(self) -> int:
         """Work until stopped or orphaned; the number of pushes made."""
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        control = aiohttp.TCPConnector(ssl=self._control_ssl if self._control_ssl is not None else True)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as self._session, aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=60)
+            connector=control, timeout=aiohttp.ClientTimeout(total=60)
         ) as self._control:
             fetch = asyncio.create_task(self._fetch_loop())
             try:
@@ -210,19 +258,23 @@ class Worker:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-        if self._orphaned():
+        if self._orphaned() and not self._impostor:
             held = sum(s.held for s in self._subs.values())
             log.error("push worker %s lost its driver; %d pushes it held are left to their lease deadlines", self.id, held)
         return self.pushed
 
 
-def pool_partition(url: str, key: str, concurrency: int = MAX_CONCURRENCY) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow body of the pool's Spark job: each task is one worker."""
+def pool_partition(
+    url: str, key: str, concurrency: int = MAX_CONCURRENCY, *, pin: CertPin | None = None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow body of the pool's Spark job: each task is one worker. `key` and `pin`
+    reach the executors inside this closure (Spark ships it with the task)."""
+    control_ssl(url, pin)  # a bad url/pin pair fails here, on the driver, not in every task
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _ in batches:  # one row per task: which worker it is does not matter
             pass
-        worker = Worker(url, key, concurrency=concurrency)
+        worker = Worker(url, key, pin=pin, concurrency=concurrency)
         pushed = asyncio.run(worker.run())
         yield pa.RecordBatch.from_pydict({"worker": [worker.id], "pushed": [pushed]})
 
