@@ -65,9 +65,12 @@ fi
 # the settings) gets the Delta jars pinned in conf/deltabus.conf ([delta-spark] package), fetched once
 # into build/delta-jars/, and the session settings Delta needs; a line that brings Delta itself
 # (--packages io.delta:delta-spark...) gets those settings. Otherwise the arguments pass as given.
+# DELTABUS_DELTA_JARS=0: the cluster's image has Delta already; only the session settings are added.
+fetch=()
+[ "${DELTABUS_DELTA_JARS:-1}" = "0" ] && fetch=(--no-fetch)
 plan="$(mktemp)"
 if ! "$DELTABUS_PY" -m deltabus.spark.delta_jars submit-args --cache "$ROOT/build/delta-jars" \
-    --spark-submit "$ROOT/.venv/bin/spark-submit" -- "$@" >"$plan"; then
+    --spark-submit "$ROOT/.venv/bin/spark-submit" "${fetch[@]}" -- "$@" >"$plan"; then
   rm -f "$plan"; exit 1
 fi
 mapfile -d '' args <"$plan"; rm -f "$plan"

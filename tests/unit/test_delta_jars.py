@@ -86,3 +86,8 @@ def test_cached_is_none_until_a_directory_of_jars_exists(tmp_path):
     assert cached(package, tmp_path) is None
     (tmp_path / package.dirname / "a.jar").write_bytes(b"")
     assert cached(package, tmp_path) == [tmp_path / package.dirname / "a.jar"]
+
+
+def test_a_cluster_with_delta_installed_gets_only_the_settings():
+    out = plan_submit(["jobs/deliver.py", "--engine", "delta-spark"], "auto", jars=None, ivy_settings=Path("/x"))
+    assert "--jars" not in out and all(e in out for e in EXT)

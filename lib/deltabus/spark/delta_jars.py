@@ -289,12 +289,13 @@ def has_delta(line: SubmitLine) -> bool:
     return any("delta-spark" in g for g in given)
 
 
-def plan_submit(args: Sequence[str], engine_setting: str, *, jars: Callable[[], list[Path]], ivy_settings: Path) -> list[str]:
+def plan_submit(args: Sequence[str], engine_setting: str, *, jars: Callable[[], list[Path]] | None, ivy_settings: Path) -> list[str]:
     """`args` (spark-submit's, application included) with what the delta-spark engine needs.
 
     - The job asks for delta-spark (its ``--engine delta-spark``, or no ``--engine`` and
       `engine_setting` is delta-spark) and the line brings no Delta: the cached jars
       (`jars()`, fetched on first use) join ``--jars``, and the session settings are added.
+      `jars` None: the cluster has Delta on its classpath already; only the settings are added.
     - The line brings Delta itself (``--packages io.delta:delta-spark…`` or ``--jars``): the
       session settings are added, and for ``--packages`` our Ivy settings (`ivy_settings`),
       unless the user gave their own (see the module docstring: the default ones failed here).
@@ -313,12 +314,13 @@ def plan_submit(args: Sequence[str], engine_setting: str, *, jars: Callable[[], 
                 ivy_settings.write_text(IVY_SETTINGS)
             extra += ["--conf", f"spark.jars.ivySettings={ivy_settings}"]
     elif wanted == "delta-spark":
-        found = [str(j) for j in jars()]
-        user_jars = line.values("--jars")
-        if user_jars:  # spark-submit keeps only the last --jars: merge them into one
-            options = _without(options, "--jars")
-            found = [*user_jars, *found]
-        extra += ["--jars", ",".join(found)]
+        if jars is not None:
+            found = [str(j) for j in jars()]
+            user_jars = line.values("--jars")
+            if user_jars:  # spark-submit keeps only the last --jars: merge them into one
+                options = _without(options, "--jars")
+                found = [*user_jars, *found]
+            extra += ["--jars", ",".join(found)]
     else:
         return list(args)
     for key, value in SESSION_CONFS.items():
@@ -347,8 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line for scripts (``python -m deltabus.spark.delta_jars``):
 
     - ``jars --cache DIR --spark-submit PATH``: fetch if needed; print the jars, comma-separated.
-    - ``submit-args --cache DIR --spark-submit PATH -- ARGS…``: print spark-submit's ARGS with
-      what the delta-spark engine needs (``plan_submit``), NUL-separated, for spark-submit.sh.
+    - ``submit-args --cache DIR --spark-submit PATH [--no-fetch] -- ARGS…``: print spark-submit's
+      ARGS with what the delta-spark engine needs (``plan_submit``), NUL-separated, for
+      spark-submit.sh.
 
     The package comes from conf/deltabus.conf's ``[delta-spark]`` section, the engine from the
     settings (conf/deltabus.conf, DELTABUS_<NAME>).
@@ -363,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("command", choices=["jars", "submit-args"])
     p.add_argument("--cache", required=True, help="the jar cache directory (build/delta-jars)")
     p.add_argument("--spark-submit", help="Spark's spark-submit, for Spark's own resolver")
+    p.add_argument("--no-fetch", action="store_true", help="submit-args: Delta is on the cluster's classpath; add only the session settings")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args, rest = p.parse_args(argv[:cut]), argv[cut + 1:]
@@ -377,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "jars":
             print(",".join(str(j) for j in fetch()))
         else:
-            out = plan_submit(rest, settings.engine, jars=fetch, ivy_settings=Path(args.cache) / "ivysettings.xml")
+            out = plan_submit(rest, settings.engine, jars=None if args.no_fetch else fetch, ivy_settings=Path(args.cache) / "ivysettings.xml")
             sys.stdout.write("".join(a + "\0" for a in out))
     except DeltabusError as e:
         print(f"deltabus: {e}", file=sys.stderr)
