@@ -1,12 +1,15 @@
 """deltabus benchmarks, side by side with their raw baselines, in one run (not a test).
 
-    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale] [--out STEM]
+    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale,engines] [--out STEM]
+                   [--engine delta-rs|delta-spark] [--master URL]
 
 A full run writes the results of record, bench/results/<date>.json and .png (<date> in
 UTC). A smoke run (--quick) or a partial one (--only with fewer than all sections) never
 touches them: it writes bench/results/<date>[-quick][-partial-<sections>].json/.png, which
-git ignores. An unknown section is an error and nothing runs or is written. Every
-warehouse and job log is made under one scratch directory, removed at the end. Sections:
+git ignores. A run on another engine or master than the defaults (delta-rs, the master of
+conf/spark-defaults.conf) is a variant: <name>-variant-<engine>[-<master>], ignored too.
+An unknown section is an error and nothing runs or is written. Every warehouse and job log
+is made under one scratch directory, removed at the end. Sections (1-5 are the default run):
 
 1. push: a bare aiohttp client posting the same wrapped bodies to the same endpoint (the
    ceiling), then ``jobs/deliver.py`` (through ./spark-submit.sh) delivering N messages,
@@ -20,6 +23,16 @@ warehouse and job log is made under one scratch directory, removed at the end. S
 5. scale: the push job's cost per delivered message with a backlog of 10k, 100k and 1M:
    CPU seconds of the whole job (JVM, driver, Python workers) per ack, and wall time per
    ack; and the time to answer the backlog SQL queries at each size.
+6. engines (only when asked for: ``--only engines``): push msg/s, publish -> push p50/p99
+   and pull msg/s for delta-rs and delta-spark, on the local master and on a standalone
+   cluster started on this machine (``deltabus.spark.standalone``), all in one run, printed
+   as a Markdown table. Its own results of record: bench/results/<date>-engines.json/.png
+   (--quick: <date>-engines-quick, ignored by git).
+
+``--engine`` is the engine of the push job (``jobs/deliver.py --engine``; ./spark-submit.sh
+adds the Delta jars for delta-spark) and of the pull section's pullers; publishers stay on
+delta-rs (clients beside a cluster job, both engines on one warehouse). ``--master`` goes to
+spark-submit.
 """
 
 from __future__ import annotations
@@ -37,12 +50,19 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Literal, NoReturn, Sequence, get_args
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
-SECTIONS = ("push", "publish", "pull", "latency", "scale")  # in the order they run
+SECTIONS = ("push", "publish", "pull", "latency", "scale")  # the default run, in the order they run
+# Sections only run when --only names them: "engines" starts a standalone cluster and runs
+# every engine on two masters, which does not fit the default run's 10 minutes.
+EXTRA_SECTIONS = ("engines",)
+ALL_SECTIONS = SECTIONS + EXTRA_SECTIONS
+BenchEngine = Literal["delta-rs", "delta-spark"]  # the engines a push job or puller runs on
+ENGINES: tuple[BenchEngine, ...] = get_args(BenchEngine)
+DEFAULT_ENGINE: BenchEngine = "delta-rs"
 
 
 def log(msg: str) -> None:
@@ -94,13 +114,39 @@ class _Watch:
         return self._dt.transaction_version(self._app)
 
 
-def _deliver(wh: str, *, max_seconds: float | None = None, until_idle: bool = True, trigger: float = 0.2) -> subprocess.Popen:
-    args = [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", wh, "--allow-http", "--trigger-interval", str(trigger)]
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a push job runs: its storage engine, spark-submit's master (None: the one of
+    conf/spark-defaults.conf) and further spark-submit options (a cluster's confs).
+    `ship`: whether ./spark-submit.sh ships the library (--py-files), as for a cluster."""
+
+    engine: BenchEngine = DEFAULT_ENGINE
+    master: str | None = None
+    submit_options: tuple[str, ...] = ()
+    ship: bool = False
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.master is not None and (not self.master or any(c.isspace() for c in self.master)):
+            raise ValueError(f"master: must be a Spark master URL without spaces, got {self.master!r}")
+
+
+LOCAL = Target()
+
+
+def _deliver(wh: str, *, max_seconds: float | None = None, until_idle: bool = True, trigger: float = 0.2,
+             target: Target = LOCAL) -> subprocess.Popen:
+    args = [str(ROOT / "spark-submit.sh")]
+    if target.master is not None:
+        args += ["--master", target.master]
+    args += [*target.submit_options, "jobs/deliver.py", "--warehouse", wh, "--allow-http", "--trigger-interval", str(trigger),
+             "--engine", target.engine]
     if until_idle:
         args.append("--until-idle")
     if max_seconds is not None:
         args += ["--max-seconds", str(max_seconds)]
-    env = {**os.environ, "DELTABUS_SHIP": "0"}
+    env = {**os.environ, "DELTABUS_SHIP": "1" if target.ship else "0"}
     # The job's log goes to a file: a pipe nobody reads until the end fills up (64 KiB)
     # and blocks the job mid-run (seen: the stream stopped after ~80 s of batch lines).
     # It sits beside the warehouse, in the run's scratch directory, which is removed at the end.
@@ -186,7 +232,7 @@ def raw_push(url: str, bodies: list[bytes], concurrency: int = 128) -> float:
     return asyncio.run(run())
 
 
-def push(n: int, warm_n: int, scratch: Path) -> dict[str, Any]:
+def push(n: int, warm_n: int, scratch: Path, target: Target = LOCAL) -> dict[str, Any]:
     from bench.endpoint import BenchEndpoint
     from deltabus.push.body import wrapped
 
@@ -215,7 +261,7 @@ def push(n: int, warm_n: int, scratch: Path) -> dict[str, Any]:
             ep.reset()
             _publish(pub, topic, count)
             version = pub.engine.version("messages")
-            proc = _deliver(wh, trigger=0.5)  # conf/deltabus.conf's default trigger
+            proc = _deliver(wh, trigger=0.5, target=target)  # conf/deltabus.conf's default trigger
             done = _wait_drained(wh, uid, proc, version, timeout=600)
             stats = ep.stats()
             _finish(proc)
@@ -255,11 +301,50 @@ def publish(batches: int, scratch: Path) -> dict[str, Any]:
 
 
 # -- 3. pull + ack with 1 and 2 processes ------------------------------------------------------
-def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any) -> None:  # child process
-    sys.path.insert(0, str(ROOT))
+def delta_jars() -> list[str]:
+    """The Delta jars of the delta-spark engine (conf/deltabus.conf's ``[delta-spark] package``),
+    fetched once into the checkout's build/delta-jars, exactly as tests/conftest.py does."""
+    from deltabus import config
+    from deltabus.spark.delta_jars import Package, resolve
+
+    package = Package.parse(config.delta_package(config.default_path()))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    jars = resolve(package, ROOT / "build" / "delta-jars", spark_submit=str(Path(sys.executable).parent / "spark-submit"), env=env)
+    return [str(j) for j in jars]
+
+
+def _puller_client(wh: str, engine: BenchEngine, jars: Sequence[str]) -> Any:
+    """A SubscriberClient on `engine`. For delta-spark, this process's own SparkSession
+    (local[1], the Delta jars and session settings): a puller is a separate program."""
     from deltabus import SubscriberClient
 
-    sub = SubscriberClient(warehouse=wh)
+    if engine == "delta-rs":
+        from deltabus.storage import open_engine
+
+        return SubscriberClient(engine=open_engine(wh, engine="delta-rs", create=False))
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from deltabus.spark.delta_jars import SESSION_CONFS
+    from deltabus.storage import open_engine
+
+    builder = (SparkSession.builder.master("local[1]").appName("bench-puller").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "1")
+               .config("spark.sql.session.timeZone", "UTC").config("spark.jars", ",".join(jars)))
+    for key, value in SESSION_CONFS.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return SubscriberClient(engine=open_engine(wh, engine="delta-spark", spark=spark, create=False))
+
+
+def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any, engine: BenchEngine = DEFAULT_ENGINE,
+            jars: Sequence[str] = (), ready: Any = None, go: Any = None) -> None:  # child process
+    sys.path.insert(0, str(ROOT))
+    sub = _puller_client(wh, engine, jars)
+    if ready is not None:  # the clock starts once every puller is up (a JVM start takes seconds)
+        ready.release()
+        go.wait()
     idle = 0
     while counter.value < stop_at and idle < 20:
         got = sub.pull(subscription=name, max_messages=max_messages, return_immediately=True).received_messages
@@ -274,12 +359,17 @@ def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any) -
     sub.close()
 
 
-def pull(n: int, scratch: Path, max_messages: int = 1000) -> dict[str, Any]:
+def pull(n: int, scratch: Path, max_messages: int = 1000, engine: BenchEngine = DEFAULT_ENGINE,
+         processes: Sequence[int] = (1, 2)) -> dict[str, Any]:
+    """Pull + ack of `n` messages by each count of `processes` on `engine`, timed from the
+    moment every puller process is up (its client made; for delta-spark its own JVM) until
+    the last ack. Publishing is delta-rs, as from any client beside the pullers."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    out: dict[str, Any] = {"messages": n, "max_messages": max_messages}
-    for procs in (1, 2):
+    out: dict[str, Any] = {"engine": engine, "messages": n, "max_messages": max_messages}
+    jars = delta_jars() if engine == "delta-spark" else []
+    for procs in processes:
         wh = tempfile.mkdtemp(prefix="pull-", dir=scratch)
         pub, sub = _clients(wh)
         topic = pub.topic_path("bench", "pull")
@@ -288,10 +378,18 @@ def pull(n: int, scratch: Path, max_messages: int = 1000) -> dict[str, Any]:
         sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
         _publish(pub, topic, n)
         counter = ctx.Value("q", 0)
-        workers = [ctx.Process(target=_puller, args=(wh, name, max_messages, n, counter)) for _ in range(procs)]
-        t0 = time.perf_counter()
+        ready, go = ctx.Semaphore(0), ctx.Event()
+        workers = [ctx.Process(target=_puller, args=(wh, name, max_messages, n, counter, engine, jars, ready, go))
+                   for _ in range(procs)]
         for w in workers:
             w.start()
+        for w in workers:
+            if not ready.acquire(timeout=180):
+                for x in workers:
+                    x.kill()
+                raise RuntimeError(f"pull: a {engine} puller did not start within 180 s")
+        t0 = time.perf_counter()
+        go.set()
         for w in workers:
             w.join(600)
         elapsed = time.perf_counter() - t0
@@ -302,7 +400,52 @@ def pull(n: int, scratch: Path, max_messages: int = 1000) -> dict[str, Any]:
 
 
 # -- 4. latency at a steady rate ---------------------------------------------------------------
-def latency(rate: float, seconds: float, warmup: float, scratch: Path) -> dict[str, Any]:
+def _steady(pub: Any, topic: str, rate: float, seconds: float, warmup: float) -> tuple[dict[str, float], float, float]:
+    """Publish 256-byte messages at a steady `rate` for `warmup` + `seconds` seconds. The
+    message ids published after the warm-up, each with the time of its publish call; the
+    offered rate over the measured seconds; when the measured part began."""
+    published: dict[str, float] = {}
+    tick = 0.05
+    t_begin = time.time()
+    t_measure = t_begin + warmup
+    t_end = t_measure + seconds
+    sent = 0
+    while time.time() < t_end:
+        at = time.time()
+        # Whatever is due by now: a publish slowed by a busy CPU is caught up at once,
+        # so the offered rate stays `rate`. Each message is timed from its publish call.
+        due = int((at - t_begin) * rate) - sent
+        if due > 0:
+            ids = pub.publish_batch(topic, [{"data": b"x" * 256}] * due)
+            if at >= t_measure:
+                published.update(dict.fromkeys(ids, at))
+            sent += due
+        time.sleep(max(0.0, tick - (time.time() - at)))
+    return published, len(published) / seconds, t_measure
+
+
+def _await_seen(ep: Any, published: dict[str, float], timeout: float = 60) -> dict[str, float]:
+    """The endpoint's first arrival of each message id, once every id in `published` has
+    arrived or `timeout` seconds have passed."""
+    deadline = time.time() + timeout
+    while True:
+        seen: dict[str, float] = ep.stats()["seen"]
+        if all(m in seen for m in published) or time.time() >= deadline:
+            return seen
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM (the job drains and exits 0), SIGKILL after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def latency(rate: float, seconds: float, warmup: float, scratch: Path, target: Target = LOCAL) -> dict[str, Any]:
     """Publish -> push arrival at a steady `rate`. The first `warmup` seconds at that rate are
     not counted: they are the push window's slow start from 3 (a long-running job keeps its
     window, and restores it from the backlog table on restart)."""
@@ -315,41 +458,15 @@ def latency(rate: float, seconds: float, warmup: float, scratch: Path) -> dict[s
     with BenchEndpoint(track_ids=True) as ep:
         name = sub.subscription_path("bench", "latency")
         sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
-        proc = _deliver(wh, until_idle=False, max_seconds=seconds + warmup + 90, trigger=0.1)
+        proc = _deliver(wh, until_idle=False, max_seconds=seconds + warmup + 90, trigger=0.1, target=target)
         # Warm up: wait until the job answers (its first push arrives), as a long-running job would be.
         probe = pub.publish_batch(topic, [{"data": b"warm"}])
         deadline = time.time() + 90
         while time.time() < deadline and not ep.stats()["count"]:
             time.sleep(0.1)
-        published: dict[str, float] = {}
-        tick = 0.05
-        t_begin = time.time()
-        t_measure = t_begin + warmup
-        t_end = t_measure + seconds
-        sent = 0
-        while time.time() < t_end:
-            at = time.time()
-            # Whatever is due by now: a publish slowed by a busy CPU is caught up at once,
-            # so the offered rate stays `rate`. Each message is timed from its publish call.
-            due = int((at - t_begin) * rate) - sent
-            if due > 0:
-                ids = pub.publish_batch(topic, [{"data": b"x" * 256}] * due)
-                if at >= t_measure:
-                    published.update(dict.fromkeys(ids, at))
-                sent += due
-            time.sleep(max(0.0, tick - (time.time() - at)))
-        actual_rate = len(published) / seconds  # offered rate over the measured seconds
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            seen = ep.stats()["seen"]
-            if all(m in seen for m in published):
-                break
-            time.sleep(0.5)
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        published, actual_rate, t_measure = _steady(pub, topic, rate, seconds, warmup)
+        seen = _await_seen(ep, published)
+        _stop(proc)
         job_out = _job_log(proc, 15)
     missing = [t for m, t in published.items() if m not in seen]
     if missing:
@@ -376,7 +493,8 @@ def latency_stats(published: dict[str, float], seen: dict[str, float]) -> dict[s
 
 
 # -- 5. scale: cost per message as the backlog grows --------------------------------------------
-def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float], scratch: Path) -> dict[str, Any]:
+def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float], scratch: Path,
+          target: Target = LOCAL) -> dict[str, Any]:
     """Per backlog size: a fresh warehouse, `size` messages published before the job starts,
     then the time per ack between the `skip`-th and the (`skip` + `measure`)-th ack.
 
@@ -397,7 +515,7 @@ def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float]
             t0 = time.perf_counter()
             _publish(pub, topic, size, size=100)
             publish_s = time.perf_counter() - t0
-            proc = _deliver(wh, until_idle=False, max_seconds=3600, trigger=0.5)
+            proc = _deliver(wh, until_idle=False, max_seconds=3600, trigger=0.5, target=target)
 
             def wait_for(count: int) -> float:
                 while ep.stats()["count"] < count:
@@ -455,6 +573,147 @@ def spark_sql_timer() -> Callable[[str], float]:
     return timed
 
 
+# -- 6. engines: delta-rs vs delta-spark, local master vs a standalone cluster ----------------
+# The cluster's shape is tests/integration/test_cluster.py's: the push job holds
+# delivery_partitions (2) task slots for its push workers and needs one more for micro-batches,
+# and it sizes its pool from the cores registered when it starts, so it waits for them all.
+CLUSTER_WORKERS, CLUSTER_CORES = 2, 3
+CLUSTER_SUBMIT = ("--conf", f"spark.cores.max={CLUSTER_WORKERS * CLUSTER_CORES}",
+                  "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0", "--conf", "spark.executor.memory=1g")
+ENGINES_TRIGGER = 0.2  # one job serves throughput and latency: between the push (0.5) and latency (0.1) sections'
+MasterKind = Literal["local", "standalone"]
+MASTER_KINDS: tuple[MasterKind, ...] = get_args(MasterKind)
+
+
+def default_master(defaults: Path = ROOT / "conf" / "spark-defaults.conf") -> str:
+    """The master ./spark-submit.sh uses when given none: the last spark.master of `defaults`."""
+    master = ""
+    for line in defaults.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "spark.master":
+            master = parts[1]
+    return master
+
+
+def push_and_latency(target: Target, n: int, warm_n: int, rate: float, seconds: float, warmup: float,
+                     scratch: Path) -> dict[str, Any]:
+    """One push job on `target` (until SIGTERM), measured in three phases:
+
+    1. warm-up, not counted: `warm_n` 1 KB messages published before the job starts, until
+       drained. It covers the job's start (a cluster's executors) and the window's slow start.
+    2. push: `n` 1 KB messages published at once; msg/s from the endpoint's first request of
+       the phase until the subscription's partition is empty (every ack merged).
+    3. latency: publish -> push arrival at a steady `rate` for `warmup` + `seconds` seconds,
+       the first `warmup` not counted.
+    Before the job starts, a bare aiohttp client posts to the same endpoint (the ceiling)."""
+    from bench.endpoint import BenchEndpoint
+    from deltabus.push.body import wrapped
+
+    wh = tempfile.mkdtemp(prefix=f"engines-{target.engine}-", dir=scratch)
+    pub, sub = _clients(wh)
+    topic = pub.topic_path("bench", "engines")
+    pub.create_topic(name=topic)
+    out: dict[str, Any] = {}
+    with BenchEndpoint(track_ids=True) as ep:
+        now = dt.datetime.now(dt.timezone.utc)
+        bodies = [wrapped(subscription="projects/bench/subscriptions/engines", message_id=str(10**15 + i), data=b"x" * 1024,
+                          attributes={}, publish_time=now, ordering_key="", delivery_attempt=1) for i in range(5000)]
+        raw_push(ep.url, bodies[:1000])  # warm up
+        out["raw_msgs_per_s"] = round(raw_push(ep.url, bodies), 1)
+        del bodies
+        name = sub.subscription_path("bench", "engines")
+        sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
+        uid = sub._registry.subscription(name).sub_uid
+        ep.reset()
+        _publish(pub, topic, warm_n)
+        t0 = time.time()
+        proc = _deliver(wh, until_idle=False, max_seconds=3600, trigger=ENGINES_TRIGGER, target=target)
+        try:
+            _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=600)
+            out["warm_up_s"] = round(time.time() - t0, 1)  # job start included
+            ep.reset()
+            _publish(pub, topic, n)
+            done = _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=600)
+            stats = ep.stats()
+            out["push_msgs_per_s"] = round(n / (done - stats["first"]), 1)
+            out["push_requests"] = stats["count"]
+            ep.reset()
+            published, actual_rate, _ = _steady(pub, topic, rate, seconds, warmup)
+            seen = _await_seen(ep, published)
+        finally:
+            _stop(proc)
+    out["job_exit"] = proc.returncode  # 0: it drained and stopped on SIGTERM, as it should
+    lat = latency_stats(published, seen)
+    lat.pop("samples")
+    out["latency"] = {"target_rate": rate, "actual_rate": round(actual_rate, 1), **lat}
+    out["window_after"] = _window(wh)
+    return out
+
+
+def engines(push_n: int, warm_n: int, rate: float, seconds: float, warmup: float, pull_n: int,
+            scratch: Path) -> dict[str, Any]:
+    """Every engine on the local master and on a standalone cluster of this machine, in one run.
+
+    Pull needs no master (a client commits from its own process): it is measured once per
+    engine, with one process. The cluster is started after the local runs and stopped at the
+    end. A combination that fails is recorded with its error; the others still run."""
+    from deltabus.spark.standalone import ClusterSettings, StandaloneCluster
+
+    out: dict[str, Any] = {
+        "push_messages": push_n, "warm_up_messages": warm_n, "payload_bytes": 1024, "trigger_interval": ENGINES_TRIGGER,
+        "latency_rate": rate, "latency_seconds": seconds, "latency_warmup_seconds": warmup, "pull_messages": pull_n,
+        "local_master": default_master(), "cluster": {"workers": CLUSTER_WORKERS, "cores": CLUSTER_CORES, "submit": list(CLUSTER_SUBMIT)},
+        "pull": {}, "runs": [],
+    }
+    for engine in ENGINES:
+        out["pull"][engine] = pull(pull_n, scratch, engine=engine, processes=(1,))
+
+    def run(kind: MasterKind, target: Target) -> None:
+        row: dict[str, Any] = {"engine": target.engine, "master": kind}
+        try:
+            row.update(push_and_latency(target, push_n, warm_n, rate, seconds, warmup, scratch))
+            log(f"engines: {target.engine} on {kind}: push {row['push_msgs_per_s']:.0f} msg/s, "
+                f"p50 {row['latency']['p50_s']} s, p99 {row['latency']['p99_s']} s")
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            row["error"] = str(exc)[-2000:]
+            log(f"engines: {target.engine} on {kind} failed: {str(exc)[-600:]}")
+        out["runs"].append(row)
+
+    for engine in ENGINES:
+        run("local", Target(engine))
+    settings = ClusterSettings(workers=CLUSTER_WORKERS, cores=CLUSTER_CORES, memory="1g")
+    cluster_dir = Path(tempfile.mkdtemp(prefix="cluster-", dir=scratch))
+    with StandaloneCluster(settings, base_dir=cluster_dir, env=os.environ, conf_dir=ROOT / "conf") as cluster:
+        log(f"engines: standalone cluster up at {cluster.master_url}")
+        for engine in ENGINES:
+            run("standalone", Target(engine, cluster.master_url, CLUSTER_SUBMIT, ship=True))
+    return out
+
+
+def _seconds(v: float | None) -> str:
+    return "not received" if v is None else f"{v:.2f} s"
+
+
+def engines_table(e: dict[str, Any]) -> str:
+    """The engines section's results as a Markdown table: one row per engine and master."""
+    cluster = f"standalone, {e['cluster']['workers']} workers × {e['cluster']['cores']} slots"
+    rows = ["| engine | master | push msg/s | publish → push p50 / p99 | pull + ack msg/s (1 process; no master) |",
+            "| --- | --- | --- | --- | --- |"]
+    for r in e["runs"]:
+        master = f"local (`{e['local_master']}`)" if r["master"] == "local" else cluster
+        pulled = e["pull"].get(r["engine"], {}).get("processes_1_msgs_per_s")
+        pull_cell = "–" if pulled is None else f"{pulled:,.0f}"
+        if "error" in r:
+            first = r["error"].strip().splitlines()[0] if r["error"].strip() else "error"
+            rows.append(f"| {r['engine']} | {master} | failed: {first[:80]} | – | {pull_cell} |")
+            continue
+        lat = r["latency"]
+        received = "" if lat["received"] == lat["messages"] else f" ({lat['received']}/{lat['messages']} received)"
+        rows.append(f"| {r['engine']} | {master} | {r['push_msgs_per_s']:,.0f} | "
+                    f"{_seconds(lat['p50_s'])} / {_seconds(lat['p99_s'])}{received} | {pull_cell} |")
+    return "\n".join(rows)
+
+
 # -- chart and main --------------------------------------------------------------------------
 def figure(result: dict[str, Any]) -> Any:
     """The results as a matplotlib Figure: one panel per group of sections that ran (a
@@ -466,7 +725,8 @@ def figure(result: dict[str, Any]) -> Any:
 
     r = result["results"]
     panels = [name for name, present in (("push", "push" in r), ("publish/pull", "publish" in r or "pull" in r),
-                                         ("latency", "latency" in r), ("scale", "scale" in r)) if present]
+                                         ("latency", "latency" in r), ("scale", "scale" in r),
+                                         ("engines", "engines" in r)) if present]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 4.2), squeeze=False)
     axes = dict(zip(panels, axes[0]))
     if "push" in r:
@@ -523,6 +783,14 @@ def figure(result: dict[str, Any]) -> Any:
         ax.set_xlabel("backlog (messages)")
         ax.legend(loc="lower left", fontsize=8)
         ax2.legend(loc="lower right", fontsize=8)
+    if "engines" in r:
+        ax = axes["engines"]
+        runs = [x for x in r["engines"]["runs"] if "error" not in x]
+        ax.bar([f"{x['engine']}\n{x['master']}" for x in runs], [x["push_msgs_per_s"] for x in runs],
+               color=["C0" if x["engine"] == "delta-rs" else "C3" for x in runs])
+        ax.set_title("push by engine and master")
+        ax.set_xlabel("engine, master")
+        ax.set_ylabel("messages per second")
     fig.tight_layout()
     return fig
 
@@ -544,43 +812,97 @@ class _Parser(argparse.ArgumentParser):
 def parse_sections(raw: str) -> tuple[str, ...]:
     """``--only``'s comma-separated list, in running order; unknown or no sections are an error."""
     names = [n.strip() for n in raw.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SECTIONS]
+    unknown = [n for n in names if n not in ALL_SECTIONS]
     if unknown or not names:
         what = f"unknown section {', '.join(map(repr, unknown))}" if unknown else "no section given"
-        raise argparse.ArgumentTypeError(f"{what}; valid sections: {', '.join(SECTIONS)}")
-    return tuple(s for s in SECTIONS if s in names)
+        raise argparse.ArgumentTypeError(f"{what}; valid sections: {', '.join(ALL_SECTIONS)}")
+    return tuple(s for s in ALL_SECTIONS if s in names)
+
+
+ENGINES_ONLY = ("engines",)
 
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """A run's choices. `engine` and `master` (None: conf/spark-defaults.conf's) are where the
+    push job and the pullers run; the engines section chooses its own and takes neither."""
+
     sections: tuple[str, ...]
     quick: bool
     out: Path | None
+    engine: BenchEngine = DEFAULT_ENGINE
+    master: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.sections or any(s not in ALL_SECTIONS for s in self.sections):
+            raise ValueError(f"sections: must be some of {', '.join(ALL_SECTIONS)}, got {self.sections!r}")
+        Target(self.engine, self.master)  # the same rules as a job's target
+
+    @property
+    def variant(self) -> bool:
+        """Another engine or master than the defaults: never the results of record."""
+        return self.engine != DEFAULT_ENGINE or self.master is not None
+
+    @property
+    def record_kind(self) -> Literal["full", "engines"] | None:
+        """Which results of record this run produces: a full-size default run of every section
+        ("full"), a full-size run of the engines section alone ("engines"), else none."""
+        if self.quick or self.variant:
+            return None
+        if self.sections == SECTIONS:
+            return "full"
+        return "engines" if self.sections == ENGINES_ONLY else None
 
     @property
     def of_record(self) -> bool:
-        """Only a full-size run of every section produces the results of record."""
-        return not self.quick and self.sections == SECTIONS
+        """Only a full-size run of every section, or of the engines section alone, on the
+        default engine and master produces results of record."""
+        return self.record_kind is not None
 
 
 RECORD_NAME = re.compile(r"\d{4}-\d{2}-\d{2}")
+ENGINES_RECORD_NAME = re.compile(r"\d{4}-\d{2}-\d{2}-engines")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     p = _Parser(prog="bench/run.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, never the results of record)")
     p.add_argument("--only", type=parse_sections, default=SECTIONS, metavar="SECTION[,SECTION...]",
-                   help=f"run only these sections (any of {', '.join(SECTIONS)}); a partial run is never the results of record")
+                   help=f"run only these sections (any of {', '.join(ALL_SECTIONS)}; engines only when named); "
+                        "a partial run is never the results of record")
     p.add_argument("--out", type=Path, metavar="STEM", help="write STEM.json and STEM.png instead (default: see above)")
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                   help=f"engine of the push job and the pullers (default {DEFAULT_ENGINE}); another one is a variant run")
+    p.add_argument("--master", metavar="URL",
+                   help="spark-submit's master for the push job (default: conf/spark-defaults.conf's); given, the run is a variant")
     args = p.parse_args(argv)
-    opts = Options(sections=args.only, quick=args.quick, out=args.out)
-    if opts.out is not None and not opts.of_record and _is_record_path(opts.out):
-        p.error(f"--out: a --quick or partial run may not be written over the results of record ({opts.out})")
+    if "engines" in args.only and (args.engine != DEFAULT_ENGINE or args.master is not None):
+        p.error(f"--{'engine' if args.engine != DEFAULT_ENGINE else 'master'}: the engines section runs every engine "
+                "on the local master and on a standalone cluster; run it without --engine and --master")
+    if args.master is not None and (not args.master.strip() or any(c.isspace() for c in args.master)):
+        p.error(f"--master: must be a Spark master URL without spaces, got {args.master!r}")
+    opts = Options(sections=args.only, quick=args.quick, out=args.out, engine=args.engine, master=args.master)
+    if opts.out is not None and _record_kind_of(opts.out) not in (None, opts.record_kind):
+        p.error(f"--out: a --quick, partial or variant run may not be written over the results of record ({opts.out})")
     return opts
 
 
+def _record_kind_of(stem: Path) -> Literal["full", "engines"] | None:
+    """Which results of record `stem` names, if any."""
+    if stem.resolve().parent != RESULTS.resolve():
+        return None
+    if RECORD_NAME.fullmatch(stem.name):
+        return "full"
+    return "engines" if ENGINES_RECORD_NAME.fullmatch(stem.name) else None
+
+
 def _is_record_path(stem: Path) -> bool:
-    return stem.resolve().parent == RESULTS.resolve() and RECORD_NAME.fullmatch(stem.name) is not None
+    return _record_kind_of(stem) is not None
+
+
+def _tag(text: str) -> str:
+    """`text` as a file-name part: runs of anything but letters and digits become one '-'."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
 
 
 def result_stem(opts: Options, day: dt.date) -> Path:
@@ -589,10 +911,14 @@ def result_stem(opts: Options, day: dt.date) -> Path:
     if opts.out is not None:
         return opts.out
     name = day.isoformat()
+    if opts.sections == ENGINES_ONLY:  # its own results of record; the quick one matches *-quick.*
+        return RESULTS / (name + "-engines" + ("-quick" if opts.quick else ""))
     if opts.quick:
         name += "-quick"
     if opts.sections != SECTIONS:
         name += "-partial-" + "+".join(opts.sections)
+    if opts.variant:
+        name += "-variant-" + opts.engine + (f"-{_tag(opts.master)}" if opts.master is not None else "")
     return RESULTS / name
 
 
@@ -615,11 +941,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections, q = opts.sections, opts.quick
     started = time.time()
     now = dt.datetime.now(dt.timezone.utc)
+    target = Target(opts.engine, opts.master)
     result: dict[str, Any] = {
         "date": now.isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "quick": q,
         "sections": list(sections),
+        "engine": opts.engine,
+        "master": opts.master or default_master(),
         "results": {},
     }
     r = result["results"]
@@ -627,21 +956,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="deltabus-bench-") as tmp:
         scratch = Path(tmp)
         if "push" in sections:
-            r["push"] = push(n=5_000 if q else 50_000, warm_n=3_000 if q else 20_000, scratch=scratch)
+            r["push"] = push(n=5_000 if q else 50_000, warm_n=3_000 if q else 20_000, scratch=scratch, target=target)
         if "publish" in sections:
             r["publish"] = publish(batches=10 if q else 50, scratch=scratch)
         if "pull" in sections:
-            r["pull"] = pull(n=3_000 if q else 20_000, scratch=scratch)
+            r["pull"] = pull(n=3_000 if q else 20_000, scratch=scratch, engine=opts.engine)
         if "latency" in sections:
-            r["latency"] = latency(rate=500, seconds=10 if q else 60, warmup=10 if q else 20, scratch=scratch)
+            r["latency"] = latency(rate=500, seconds=10 if q else 60, warmup=10 if q else 20, scratch=scratch, target=target)
         if "scale" in sections:
             r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000], skip=200 if q else 2_000,
-                               measure=600 if q else 6_000, sql=spark_sql_timer(), scratch=scratch)
+                               measure=600 if q else 6_000, sql=spark_sql_timer(), scratch=scratch, target=target)
+        if "engines" in sections:
+            # Smaller than the push and latency sections: 4 jobs (2 on a cluster) in ~10 minutes on 2 cores.
+            r["engines"] = engines(push_n=2_000 if q else 10_000, warm_n=1_000 if q else 3_000, rate=500,
+                                   seconds=5 if q else 20, warmup=5 if q else 10, pull_n=2_000 if q else 5_000, scratch=scratch)
     result["seconds"] = round(time.time() - started, 1)
     stem = result_stem(opts, now.date())
     write_results(result, stem)
     log(f"wrote {stem}.json and {stem}.png in {result['seconds']:.0f} s" + ("" if opts.of_record else " (not the results of record)"))
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in r.items()}, indent=2))
+    if "engines" in r:
+        print(engines_table(r["engines"]))
     return 0
 
 

@@ -145,3 +145,88 @@ def test_latency_stats_rank_lost_messages_last_and_survive_none_received():
     assert (stats["messages"], stats["received"], stats["p50_s"], stats["p99_s"], stats["max_received_s"]) == (100, 98, 0.5, None, 0.97)
     # A run in which nothing arrived (the job never came up) still reports, instead of an IndexError.
     assert latency_stats(published, {}) == {"messages": 100, "received": 0, "p50_s": None, "p99_s": None, "max_received_s": None, "samples": []}
+
+
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["--engine", "delta-spark"], "2026-11-23-variant-delta-spark"),
+        (["--master", "spark://127.0.0.1:7077"], "2026-11-23-variant-delta-rs-spark-127-0-0-1-7077"),
+        (["--quick", "--engine", "delta-spark", "--master", "local[2]"], "2026-11-23-quick-variant-delta-spark-local-2"),
+        (["--only", "pull", "--engine", "delta-spark"], "2026-11-23-partial-pull-variant-delta-spark"),
+    ],
+)
+def test_another_engine_or_master_is_a_variant_never_the_results_of_record(argv, name):
+    opts = parse_args(argv)
+    assert not opts.of_record and opts.variant
+    stem = result_stem(opts, DAY)
+    assert stem == RESULTS / name
+    path = f"{stem.relative_to(ROOT)}.json"
+    assert subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0, f"{path} is not ignored"
+    with pytest.raises(SystemExit):  # nor may --out put it there
+        parse_args([*argv, "--out", str(RESULTS / "2026-11-23")])
+
+
+def test_engines_section_runs_only_when_named_and_has_its_own_record(capsys):
+    assert "engines" not in parse_args([]).sections
+    record = parse_args(["--only", "engines"])
+    assert record.of_record and result_stem(record, DAY) == RESULTS / "2026-11-23-engines"
+    quick = result_stem(parse_args(["--quick", "--only", "engines"]), DAY).relative_to(ROOT)
+    assert subprocess.run(["git", "check-ignore", "-q", f"{quick}.json"], cwd=ROOT).returncode == 0
+    assert subprocess.run(["git", "check-ignore", "-q", f"bench/results/2026-11-23-engines.json"], cwd=ROOT).returncode == 1
+    assert result_stem(parse_args(["--only", "push,engines"]), DAY) == RESULTS / "2026-11-23-partial-push+engines"
+    for argv in (["--quick", "--only", "engines"], ["--only", "push"], []):  # only an engines run writes its record
+        with pytest.raises(SystemExit):
+            parse_args([*argv, "--out", str(RESULTS / "2026-11-23-engines")])
+    for flag in (["--engine", "delta-spark"], ["--master", "local[2]"]):  # it chooses engines and masters itself
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--only", "engines", *flag])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert flag[0] in err and "engines section" in err
+
+
+@pytest.mark.parametrize("argv, flag", [(["--engine", "auto"], "--engine"), (["--master", "local [2]"], "--master")])
+def test_bad_engine_or_master_is_one_line_naming_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and flag in err, err
+
+
+ENGINES_RESULT = {
+    "local_master": "local[4]", "cluster": {"workers": 2, "cores": 3},
+    "pull": {"delta-rs": {"processes_1_msgs_per_s": 9000.4}, "delta-spark": {"processes_1_msgs_per_s": 850.0}},
+    "runs": [
+        {"engine": "delta-rs", "master": "local", "push_msgs_per_s": 7100.2,
+         "latency": {"messages": 100, "received": 100, "p50_s": 0.21, "p99_s": 0.4}},
+        {"engine": "delta-spark", "master": "local", "push_msgs_per_s": 1234.5,
+         "latency": {"messages": 100, "received": 98, "p50_s": 0.9, "p99_s": None}},
+        {"engine": "delta-rs", "master": "standalone", "error": "deliver.py exited 1:\nboom"},
+    ],
+}
+
+
+def test_engines_table_has_a_row_per_engine_and_master_and_pull_per_engine():
+    from bench.run import engines_table
+
+    lines = engines_table(ENGINES_RESULT).splitlines()
+    assert lines[0].startswith("| engine | master | push msg/s | publish → push p50 / p99 | pull")
+    assert lines[2] == "| delta-rs | local (`local[4]`) | 7,100 | 0.21 s / 0.40 s | 9,000 |"
+    assert lines[3] == "| delta-spark | local (`local[4]`) | 1,234 | 0.90 s / not received (98/100 received) | 850 |"
+    assert lines[4] == "| delta-rs | standalone, 2 workers × 3 slots | failed: deliver.py exited 1: | – | 9,000 |"
+    assert len(lines) == 5
+
+
+def test_chart_has_an_engines_panel_of_the_runs_that_worked():
+    import matplotlib.pyplot as plt
+
+    record = json.loads(RECORD.read_text())
+    fig = figure({**record, "results": {"engines": ENGINES_RESULT}})
+    try:
+        (ax,) = fig.axes
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["delta-rs\nlocal", "delta-spark\nlocal"]
+    finally:
+        plt.close(fig)
