@@ -6,6 +6,7 @@ import pytest
 
 from deltabus import NotFound, SubscriberClient
 from deltabus.types import FlowControl
+from tests.background import Warehouse, start_selected
 from tests.conftest import ManualClock
 
 
@@ -58,7 +59,7 @@ def test_subscribe_delivers_and_acks_everything(pub, sub, topic, subscription):
     assert wait_for(lambda: sub.get_backlog(subscription).num_unacked_messages == 0)
 
 
-def test_lease_is_extended_while_processing_outlasts_deadline(pub, sub, topic, warehouse):
+def lease_is_extended_while_processing_outlasts_deadline(pub, sub, topic, warehouse):
     s = sub.subscription_path("local", "slow")
     sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=10)
     pub.publish_batch(topic, [{"data": b"slow work"}])
@@ -250,7 +251,7 @@ def test_flow_control_by_bytes(pub, sub, topic, subscription):
     assert gate.peak == 2
 
 
-def test_leases_are_dropped_after_max_lease_duration(pub, sub, topic):
+def leases_are_dropped_after_max_lease_duration(pub, sub, topic):
     s = sub.subscription_path("local", "long-holder")
     sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=10)
     pub.publish_batch(topic, [{"data": b"held too long"}])
@@ -270,3 +271,55 @@ def test_leases_are_dropped_after_max_lease_duration(pub, sub, topic):
     (a1, t1), (a2, t2) = deliveries[:2]
     assert (a1, a2) == (1, 2)
     assert 8 < t2 - t1 < 25
+
+
+# Both lease tests wait out a real 10 s ack deadline (the shortest Pub/Sub allows) and use
+# almost no CPU meanwhile: they run in the background from this module's first test on, beside
+# each other and the module's other tests (tests/background.py), each in its own warehouse.
+def _with_subscriber(body, subscription):
+    def scenario(tmp):
+        # Their log lines stay out of the other tests' caplog (which counts warnings): the
+        # dropped-lease warning would otherwise land in whichever test runs at that moment.
+        quiet = _DropLinesAbout(f"subscriptions/{subscription}")
+        loggers = [logging.getLogger(f"deltabus.subscriber.{m}") for m in ("streaming_pull", "client")]  # a filter sees its own logger's records only
+        for log in loggers:
+            log.addFilter(quiet)
+        try:
+            with Warehouse(tmp) as w:
+                sub = SubscriberClient(warehouse=w.path)
+                try:
+                    body(w.pub, sub, w.topic, w.path)
+                finally:
+                    sub.close()
+        finally:
+            for log in loggers:
+                log.removeFilter(quiet)
+
+    return scenario
+
+
+class _DropLinesAbout(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lease_waits(request, tmp_path_factory):
+    yield from start_selected(request, tmp_path_factory, {
+        "test_lease_is_extended_while_processing_outlasts_deadline":
+            _with_subscriber(lease_is_extended_while_processing_outlasts_deadline, "slow"),
+        "test_leases_are_dropped_after_max_lease_duration":
+            _with_subscriber(lambda pub, sub, topic, _warehouse: leases_are_dropped_after_max_lease_duration(pub, sub, topic), "long-holder"),
+    })
+
+
+def test_lease_is_extended_while_processing_outlasts_deadline(lease_waits):
+    lease_waits.result("test_lease_is_extended_while_processing_outlasts_deadline")
+
+
+def test_leases_are_dropped_after_max_lease_duration(lease_waits):
+    lease_waits.result("test_leases_are_dropped_after_max_lease_duration")
