@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+import deltabus
 from deltabus import config
-from deltabus.errors import FailedPrecondition, InvalidArgument
+from deltabus.errors import InvalidArgument
 from deltabus.storage import ENGINES, choose_engine, open_engine
-from deltabus.storage.delta_spark import delta_jvm_available, moved
+from deltabus.storage.delta_spark import moved
 
 
 def test_auto_is_delta_rs_without_spark_and_env_forces_a_choice(warehouse, monkeypatch):
@@ -24,12 +32,39 @@ def test_auto_is_delta_rs_without_spark_and_env_forces_a_choice(warehouse, monke
         open_engine(warehouse, engine="parquet")
 
 
-def test_forcing_delta_spark_without_the_jars_says_how_to_get_them(spark, warehouse, tmp_path):
-    if delta_jvm_available(spark):
-        pytest.skip("this Spark has the Delta jars")
-    assert choose_engine("auto", spark) == "delta-rs"
-    with pytest.raises(FailedPrecondition, match="--packages io.delta:delta-spark"):
-        open_engine(str(tmp_path / "w2"), engine="delta-spark", spark=spark)
+# Run in a Spark of its own: the tests' session has the Delta jars, and a process has one
+# SparkContext. A plain local session (no --jars, no extensions), as a user's Spark without
+# Delta is; it reports what auto chose and what forcing delta-spark raised.
+NO_JARS_CHILD = """
+import json, sys
+from pyspark.sql import SparkSession
+from deltabus.errors import FailedPrecondition
+from deltabus.storage import choose_engine, open_engine
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+out = {"auto": choose_engine("auto", spark), "jars": spark.conf.get("spark.jars", "")}
+try:
+    open_engine(sys.argv[1], engine="delta-spark", spark=spark)
+    out["error"] = None
+except FailedPrecondition as e:
+    out["error"] = str(e)
+spark.stop()
+print(json.dumps(out))
+"""
+
+
+def test_forcing_delta_spark_without_the_jars_says_how_to_get_them(tmp_path):
+    """A real Spark without the Delta jars, in a separate JVM (~10 s: the cheapest real one;
+    a stand-in session object would be a mock)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(deltabus.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", NO_JARS_CHILD, str(tmp_path / "w2")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "delta" not in got["jars"]  # the child's Spark really lacks the jars
+    assert got["auto"] == "delta-rs"
+    assert got["error"] is not None and re.search("--packages io.delta:delta-spark", got["error"]), got
     assert not (tmp_path / "w2").exists()  # nothing written
 
 
