@@ -2,9 +2,9 @@
 
 Used where the Delta JVM classes (``io.delta:delta-spark``) are on Spark's classpath.
 Tables are the same Delta tables the embedded engine writes (created with the same
-schemas, partitioning and properties, and no table features beyond change data feed),
-so a warehouse can move between engines, and pull clients outside Spark keep using
-delta-rs on it.
+schemas, partitioning, properties and protocol: reader 1, writer 2, or 4 with change data
+feed, no table features; see ``creation_properties``), so a warehouse can move between
+engines, and pull clients outside Spark keep using delta-rs on it.
 
 Two things delta-spark's public API does not offer, and how this engine makes up for it:
 
@@ -57,6 +57,7 @@ T = TypeVar("T")
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+ALLOW_ARBITRARY_PROPERTIES = "spark.databricks.delta.allowArbitraryProperties.enabled"
 DELTA_CLASS = "io.delta.tables.DeltaTable"
 
 
@@ -324,11 +325,32 @@ class DeltaSparkEngine:
         )
         if spec.partition_by:
             builder = builder.partitionedBy(*spec.partition_by)
-        for key, value in spec.properties.items():
+        for key, value in creation_properties(spec).items():
             builder = builder.property(key, value)
-        builder.execute()
+        with self._arbitrary_properties():
+            builder.execute()
         # createIfNotExists leaves a table another process created first as it was: migrate it if older.
         self._migrate(spec, RsTable(self.table_uri(spec.name), storage_options=self._storage_options))
+
+    @contextmanager
+    def _arbitrary_properties(self) -> Iterator[None]:
+        """Let the create inside set Delta properties this Delta version does not know.
+
+        ``delta.targetFileSize`` is delta-rs's (deliveries' file size); Delta 4.4 refuses it at
+        creation (measured: ``DELTA_UNKNOWN_CONFIGURATION``) unless
+        ``spark.databricks.delta.allowArbitraryProperties.enabled``. The session setting is
+        turned on for the one create and put back as it was, under the session-conf lock."""
+        with self._txn_lock:
+            conf = self.spark.conf
+            before = conf.get(ALLOW_ARBITRARY_PROPERTIES, None)
+            conf.set(ALLOW_ARBITRARY_PROPERTIES, "true")
+            try:
+                yield
+            finally:
+                if before is None:
+                    conf.unset(ALLOW_ARBITRARY_PROPERTIES)
+                else:
+                    conf.set(ALLOW_ARBITRARY_PROPERTIES, before)
 
     def _migrate(self, spec: TableSpec, dt: "RsTable") -> None:
         """Add the columns the table lacks, then record its version (two commits, in that
@@ -443,6 +465,21 @@ class DeltaSparkEngine:
             return True
 
         return self.transact(table, attempt, what=f"append to {table}")
+
+
+def creation_properties(spec: TableSpec) -> dict[str, str]:
+    """The table properties delta-spark creates `spec`'s table with: the spec's own, plus the
+    protocol delta-rs 1.6 gives the same table (legacy versions, no table features), so a
+    table reads and writes the same whichever engine made it.
+
+    Measured with Delta 4.4 on pyspark 4.1.4: left to itself, delta-spark created the change-
+    feed table (messages) at reader 1 / writer 7 with the writer features invariants,
+    changeDataFeed and appendOnly, where delta-rs writes reader 1 / writer 4 and no features;
+    with ``delta.minWriterVersion`` = 4 it wrote 1/4 too. The others are 1/2 either way.
+    The two ``delta.min*Version`` keys set the protocol; they are not kept in the table's
+    configuration. tests/integration/test_table_protocol.py pins the result on both engines."""
+    writer = "4" if spec.configuration.get("delta.enableChangeDataFeed") == "true" else "2"
+    return {**spec.properties, "delta.minReaderVersion": "1", "delta.minWriterVersion": writer}
 
 
 def _spark_schema(spec: TableSpec) -> Any:

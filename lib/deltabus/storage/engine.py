@@ -3,6 +3,12 @@
 Domain code only speaks this: read a snapshot, MERGE into it pinned to a literal
 partition, append, read the change feed. ``transact`` reruns a whole
 read-modify-write when Delta reports a conflicting concurrent commit.
+
+Engines share warehouses: a table either engine creates has the same schema, partitioning,
+properties and protocol (legacy reader 1 / writer 2, or writer 4 with change data feed, no
+table features; tests/integration/test_table_protocol.py pins them), so each engine reads
+and writes the other's tables, checkpoints included. An engine must not turn on a table
+feature the other cannot read (v2 checkpoints, deletion vectors, row tracking, ...).
 """
 
 from __future__ import annotations
