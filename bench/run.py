@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import math
 import os
 import platform
 import re
@@ -323,6 +324,7 @@ def _puller_client(wh: str, engine: BenchEngine, jars: Sequence[str]) -> Any:
 
         return SubscriberClient(engine=open_engine(wh, engine="delta-rs", create=False))
     os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local master talks only to itself
     from pyspark.sql import SparkSession
 
     from deltabus.spark.delta_jars import SESSION_CONFS
@@ -339,14 +341,15 @@ def _puller_client(wh: str, engine: BenchEngine, jars: Sequence[str]) -> Any:
 
 
 def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any, engine: BenchEngine = DEFAULT_ENGINE,
-            jars: Sequence[str] = (), ready: Any = None, go: Any = None) -> None:  # child process
+            jars: Sequence[str] = (), ready: Any = None, go: Any = None, max_seconds: float | None = None) -> None:  # child process
     sys.path.insert(0, str(ROOT))
     sub = _puller_client(wh, engine, jars)
     if ready is not None:  # the clock starts once every puller is up (a JVM start takes seconds)
         ready.release()
         go.wait()
+    end = math.inf if max_seconds is None else time.monotonic() + max_seconds
     idle = 0
-    while counter.value < stop_at and idle < 20:
+    while counter.value < stop_at and idle < 20 and time.monotonic() < end:
         got = sub.pull(subscription=name, max_messages=max_messages, return_immediately=True).received_messages
         if got:
             sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in got])
@@ -360,14 +363,15 @@ def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any, e
 
 
 def pull(n: int, scratch: Path, max_messages: int = 1000, engine: BenchEngine = DEFAULT_ENGINE,
-         processes: Sequence[int] = (1, 2)) -> dict[str, Any]:
+         processes: Sequence[int] = (1, 2), max_seconds: float | None = None) -> dict[str, Any]:
     """Pull + ack of `n` messages by each count of `processes` on `engine`, timed from the
     moment every puller process is up (its client made; for delta-spark its own JVM) until
-    the last ack. Publishing is delta-rs, as from any client beside the pullers."""
+    the last ack, or until `max_seconds` (then the rate is of what was acked by then).
+    Publishing is delta-rs, as from any client beside the pullers."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    out: dict[str, Any] = {"engine": engine, "messages": n, "max_messages": max_messages}
+    out: dict[str, Any] = {"engine": engine, "messages": n, "max_messages": max_messages, "max_seconds": max_seconds}
     jars = delta_jars() if engine == "delta-spark" else []
     for procs in processes:
         wh = tempfile.mkdtemp(prefix="pull-", dir=scratch)
@@ -379,7 +383,7 @@ def pull(n: int, scratch: Path, max_messages: int = 1000, engine: BenchEngine = 
         _publish(pub, topic, n)
         counter = ctx.Value("q", 0)
         ready, go = ctx.Semaphore(0), ctx.Event()
-        workers = [ctx.Process(target=_puller, args=(wh, name, max_messages, n, counter, engine, jars, ready, go))
+        workers = [ctx.Process(target=_puller, args=(wh, name, max_messages, n, counter, engine, jars, ready, go, max_seconds))
                    for _ in range(procs)]
         for w in workers:
             w.start()
@@ -390,9 +394,16 @@ def pull(n: int, scratch: Path, max_messages: int = 1000, engine: BenchEngine = 
                 raise RuntimeError(f"pull: a {engine} puller did not start within 180 s")
         t0 = time.perf_counter()
         go.set()
+        end = time.monotonic() + 600
         for w in workers:
-            w.join(600)
+            w.join(max(0.0, end - time.monotonic()))
         elapsed = time.perf_counter() - t0
+        late = [w for w in workers if w.is_alive()]
+        for w in late:  # a puller past the deadline (and, for delta-spark, its JVM) is stopped
+            w.terminate()
+            w.join(30)
+        if late:
+            log(f"pull: {len(late)} {engine} puller(s) still running after 600 s were stopped")
         out[f"processes_{procs}_msgs_per_s"] = round(counter.value / elapsed, 1)
         out[f"processes_{procs}_acked"] = counter.value
         log(f"pull+ack, {procs} process(es): {counter.value / elapsed:.0f} msg/s")
@@ -629,11 +640,11 @@ def push_and_latency(target: Target, n: int, warm_n: int, rate: float, seconds: 
         t0 = time.time()
         proc = _deliver(wh, until_idle=False, max_seconds=3600, trigger=ENGINES_TRIGGER, target=target)
         try:
-            _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=600)
+            _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=300)  # a cluster job's start included
             out["warm_up_s"] = round(time.time() - t0, 1)  # job start included
             ep.reset()
             _publish(pub, topic, n)
-            done = _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=600)
+            done = _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=240)
             stats = ep.stats()
             out["push_msgs_per_s"] = round(n / (done - stats["first"]), 1)
             out["push_requests"] = stats["count"]
@@ -651,7 +662,7 @@ def push_and_latency(target: Target, n: int, warm_n: int, rate: float, seconds: 
 
 
 def engines(push_n: int, warm_n: int, rate: float, seconds: float, warmup: float, pull_n: int,
-            scratch: Path) -> dict[str, Any]:
+            pull_seconds: float, scratch: Path) -> dict[str, Any]:
     """Every engine on the local master and on a standalone cluster of this machine, in one run.
 
     Pull needs no master (a client commits from its own process): it is measured once per
@@ -662,11 +673,11 @@ def engines(push_n: int, warm_n: int, rate: float, seconds: float, warmup: float
     out: dict[str, Any] = {
         "push_messages": push_n, "warm_up_messages": warm_n, "payload_bytes": 1024, "trigger_interval": ENGINES_TRIGGER,
         "latency_rate": rate, "latency_seconds": seconds, "latency_warmup_seconds": warmup, "pull_messages": pull_n,
-        "local_master": default_master(), "cluster": {"workers": CLUSTER_WORKERS, "cores": CLUSTER_CORES, "submit": list(CLUSTER_SUBMIT)},
+        "pull_max_seconds": pull_seconds, "local_master": default_master(), "cluster": {"workers": CLUSTER_WORKERS, "cores": CLUSTER_CORES, "submit": list(CLUSTER_SUBMIT)},
         "pull": {}, "runs": [],
     }
     for engine in ENGINES:
-        out["pull"][engine] = pull(pull_n, scratch, engine=engine, processes=(1,))
+        out["pull"][engine] = pull(pull_n, scratch, engine=engine, processes=(1,), max_seconds=pull_seconds)
 
     def run(kind: MasterKind, target: Target) -> None:
         row: dict[str, Any] = {"engine": target.engine, "master": kind}
@@ -701,8 +712,11 @@ def engines_table(e: dict[str, Any]) -> str:
             "| --- | --- | --- | --- | --- |"]
     for r in e["runs"]:
         master = f"local (`{e['local_master']}`)" if r["master"] == "local" else cluster
-        pulled = e["pull"].get(r["engine"], {}).get("processes_1_msgs_per_s")
-        pull_cell = "–" if pulled is None else f"{pulled:,.0f}"
+        pulled = e["pull"].get(r["engine"], {})
+        rate = pulled.get("processes_1_msgs_per_s")
+        pull_cell = "–" if rate is None else f"{rate:,.0f}"
+        if rate is not None and pulled.get("processes_1_acked", pulled.get("messages")) != pulled.get("messages"):
+            pull_cell += f" ({pulled['processes_1_acked']:,} acked in {pulled['max_seconds']:g} s)"
         if "error" in r:
             first = r["error"].strip().splitlines()[0] if r["error"].strip() else "error"
             rows.append(f"| {r['engine']} | {master} | failed: {first[:80]} | – | {pull_cell} |")
@@ -969,7 +983,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "engines" in sections:
             # Smaller than the push and latency sections: 4 jobs (2 on a cluster) in ~10 minutes on 2 cores.
             r["engines"] = engines(push_n=2_000 if q else 10_000, warm_n=1_000 if q else 3_000, rate=500,
-                                   seconds=5 if q else 20, warmup=5 if q else 10, pull_n=2_000 if q else 5_000, scratch=scratch)
+                                   seconds=5 if q else 20, warmup=5 if q else 10, pull_n=2_000 if q else 10_000,
+                                   pull_seconds=20 if q else 45, scratch=scratch)
     result["seconds"] = round(time.time() - started, 1)
     stem = result_stem(opts, now.date())
     write_results(result, stem)
