@@ -14,6 +14,7 @@ import pytest
 import deltabus.spark
 from deltabus.errors import WarehouseNotFound
 from deltabus.spark.sql_shell import repl, split_statements, take_statements
+from tests.background import in_warehouse, start_selected
 from tests.conftest import ROOT, ManualClock
 
 pytestmark = pytest.mark.spark
@@ -102,7 +103,7 @@ def _sql_warehouse(pub, topic) -> None:
     pub.publish_batch(topic, [{"data": b"x"}] * 3)
 
 
-def test_sql_prompt_reads_piped_statements_through_spark_submit(pub, topic, warehouse):
+def sql_prompt_reads_piped_statements_through_spark_submit(pub, topic, warehouse, _tmp):
     """spark-submit gives the Python driver a stdin pipe of its own that nobody writes to:
     the prompt must read the user's pipe, not hang on that one."""
     _sql_warehouse(pub, topic)
@@ -169,7 +170,7 @@ class _Pty:
         os.close(self.master)
 
 
-def test_sql_prompt_on_a_terminal_through_spark_submit(pub, topic, warehouse):
+def sql_prompt_on_a_terminal_through_spark_submit(pub, topic, warehouse, _tmp):
     _sql_warehouse(pub, topic)
     env = dict(os.environ, TERM="dumb")
     term = _Pty([str(ROOT / "spark-submit.sh"), "jobs/sql.py", "--warehouse", warehouse], ROOT, env)
@@ -188,6 +189,29 @@ def test_sql_prompt_on_a_terminal_through_spark_submit(pub, topic, warehouse):
         assert term.wait_exit(timeout=120) == 0
     finally:
         term.close()
+
+
+# The two spark-submit prompts (~25 s each, a JVM start apiece) run at once
+# (tests/background.py); each test below checks its own run, with its own warehouse.
+SCENARIOS = {
+    "test_sql_prompt_reads_piped_statements_through_spark_submit": in_warehouse(sql_prompt_reads_piped_statements_through_spark_submit),
+    "test_sql_prompt_on_a_terminal_through_spark_submit": in_warehouse(sql_prompt_on_a_terminal_through_spark_submit),
+}
+
+
+@pytest.fixture(scope="module")
+def prompts(request, tmp_path_factory):
+    yield from start_selected(request, tmp_path_factory, SCENARIOS)
+
+
+def test_sql_prompt_reads_piped_statements_through_spark_submit(prompts):
+    """spark-submit gives the Python driver a stdin pipe of its own that nobody writes to:
+    the prompt must read the user's pipe, not hang on that one."""
+    prompts.result("test_sql_prompt_reads_piped_statements_through_spark_submit")
+
+
+def test_sql_prompt_on_a_terminal_through_spark_submit(prompts):
+    prompts.result("test_sql_prompt_on_a_terminal_through_spark_submit")
 
 
 def test_sql_job_help():
