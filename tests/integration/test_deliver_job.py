@@ -13,6 +13,7 @@ import time
 import pytest
 
 from deltabus import SubscriberClient
+from tests.background import in_warehouse, start_selected
 from tests.conftest import ROOT
 from tests.endpoints import Behaviour, Endpoint
 
@@ -35,7 +36,7 @@ def test_help():
         assert flag in out.stdout
 
 
-def test_sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_path):
+def sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_path):
     sub = SubscriberClient(warehouse=warehouse, allow_http=True)
     with Endpoint(Behaviour(lambda r, n: (200, 0.02))) as ep:
         s = sub.subscription_path("local", "crashy")
@@ -69,7 +70,7 @@ def test_sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_pa
         assert summary and int(summary[-1][1]) == len(ep.snapshot()) - pushes_before
 
 
-def test_spark_submit_ships_the_library_and_settings():
+def spark_submit_ships_the_library_and_settings(_tmp):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "DELTABUS_CONF"))}
     out = subprocess.run([str(ROOT / "spark-submit.sh"), "tests/integration/jobs/where_is_deltabus.py"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -79,7 +80,7 @@ def test_spark_submit_ships_the_library_and_settings():
     assert f"CONF {ROOT / 'conf' / 'deltabus.conf'}" in out.stdout
 
 
-def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(pub, warehouse):
+def a_master_without_a_slot_to_spare_is_refused_with_the_rule(pub, _topic, warehouse, _tmp):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
     out = subprocess.run([str(ROOT / "spark-submit.sh"), "--master", "local[1]", "jobs/deliver.py", "--warehouse", warehouse, "--until-idle"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -87,6 +88,33 @@ def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(pub, warehous
     assert out.returncode == 2, both[-4000:]
     assert "deliver: spark.master: the push job needs at least 2 task slots" in both
     assert "Traceback" not in both
+
+
+# The three spark-submit runs go two at a time (tests/background.py): the crash test's two
+# jobs (~67 s) on one core while the other two (~13 s and ~12 s, a JVM start each) use the
+# other, instead of one after another.
+SCENARIOS = {
+    "test_sigkill_mid_run_and_restart_loses_nothing": in_warehouse(sigkill_mid_run_and_restart_loses_nothing),
+    "test_spark_submit_ships_the_library_and_settings": spark_submit_ships_the_library_and_settings,
+    "test_a_master_without_a_slot_to_spare_is_refused_with_the_rule": in_warehouse(a_master_without_a_slot_to_spare_is_refused_with_the_rule),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    yield from start_selected(request, tmp_path_factory, SCENARIOS)
+
+
+def test_sigkill_mid_run_and_restart_loses_nothing(jobs):
+    jobs.result("test_sigkill_mid_run_and_restart_loses_nothing")
+
+
+def test_spark_submit_ships_the_library_and_settings(jobs):
+    jobs.result("test_spark_submit_ships_the_library_and_settings")
+
+
+def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(jobs):
+    jobs.result("test_a_master_without_a_slot_to_spare_is_refused_with_the_rule")
 
 
 @pytest.mark.parametrize(
