@@ -48,6 +48,11 @@ CLUSTER_CONFS = [
     "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
     "--conf", "spark.executor.memory=1g",
     "--conf", "spark.ui.enabled=false",
+    # As many partitions as task slots for shuffles and for Delta's snapshot state (defaults
+    # 200 and 50): seen here, a delta-spark job on the defaults was still starting after six
+    # minutes, its executors busy with stages of dozens of tasks on two cores.
+    "--conf", f"spark.sql.shuffle.partitions={WORKERS * CORES}",
+    "--conf", f"spark.databricks.delta.snapshotPartitions={WORKERS * CORES}",
 ]
 DELIVER_SECONDS = 400  # --max-seconds: the job ends by itself before the test's timeout
 ENGINES = [
