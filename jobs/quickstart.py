@@ -1,7 +1,11 @@
 """Quickstart: a topic, a pull subscription (publish, pull, ack) and a push subscription
 to an endpoint on 127.0.0.1 delivered by the push job; prints what happened.
 
-    ./spark-submit.sh jobs/quickstart.py [--warehouse PATH] [--verbose]
+    ./spark-submit.sh jobs/quickstart.py [--warehouse PATH] [--engine delta-spark] [--verbose]
+
+Every step (the clients and the push job) runs on one engine: --engine, else DELTABUS_ENGINE,
+else auto (delta-spark when Spark has the Delta jars; ./spark-submit.sh adds them for
+--engine delta-spark).
 """
 
 from __future__ import annotations
@@ -20,8 +24,20 @@ def main(argv: list[str] | None = None) -> int:
         help="warehouse path or URI holding the Delta tables (default: $DELTABUS_WAREHOUSE or ./warehouse)",
     )
     parser.add_argument("--project", default="quickstart", help="project of the topic and subscription (default: quickstart)")
+    parser.add_argument(
+        "--engine",
+        choices=list(config.ENGINES),
+        help="storage engine of every step (default: $DELTABUS_ENGINE or auto = delta-spark when Spark has the Delta jars)",
+    )
     parser.add_argument("--verbose", action="store_true", help="also Spark's INFO logs, deltabus's DEBUG logs and progress bars")
     args = parser.parse_args(argv)
+    from deltabus.errors import DeltabusError, InvalidArgument
+
+    try:
+        engine = args.engine or config.engine_default()
+    except InvalidArgument as exc:
+        print(f"quickstart: {exc.field}: {exc.rule}", file=sys.stderr)
+        return 2
 
     import logging
 
@@ -36,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     spark = console.session_options(builder, args.verbose).getOrCreate()
     console.spark_logging(spark, args.verbose)
     try:
-        result = quickstart.run(spark, args.warehouse, project=args.project)
+        result = quickstart.run(spark, args.warehouse, project=args.project, engine=engine)
+    except DeltabusError as exc:  # e.g. delta-spark on a Spark without the Delta jars: one line, no traceback
+        print(f"quickstart: {exc}", file=sys.stderr)
+        return 2
     finally:
         spark.stop()
     ok = result["pulled"] == result["published"] and result["unacked"] == 0 and result["pushed"] == result["push_acked"] == 500

@@ -1,10 +1,19 @@
-"""The README's first command: a topic, a pull subscription, publish, pull, ack, backlog."""
+"""The README's first command: a topic, a pull subscription, publish, pull, ack, backlog.
+
+One engine for the whole run: ``run`` opens the warehouse once on the engine it is given
+(``"auto"`` resolved against the session it is handed) and hands that same ``Engine`` to its
+clients and to the push job. Before, the clients took DELTABUS_ENGINE/auto and the job its
+``Settings`` default, so on a session with the Delta jars the pull demo could run on delta-rs
+while the push job ran on delta-spark.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
 from . import AlreadyExists, PublisherClient, SubscriberClient, types
+from .config import EngineName
+from .storage import Engine, open_engine
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -29,9 +38,15 @@ def _drain(sub: SubscriberClient, path: str, say: Say) -> int:
         say(f"  pulled and acked {len(got)} (total {total})")
 
 
-def run(spark: "SparkSession", warehouse: str, project: str = "quickstart", say: Say = print) -> dict[str, int]:
-    pub = PublisherClient(warehouse=warehouse)
-    sub = SubscriberClient(warehouse=warehouse)
+def run(
+    spark: "SparkSession", warehouse: str, project: str = "quickstart", say: Say = print, *, engine: EngineName = "auto"
+) -> dict[str, int]:
+    """Run the quickstart on `warehouse` (created if missing) with `engine` ("auto": delta-spark
+    when `spark` has the Delta jars, else delta-rs) for every client and the push job; return
+    its figures: published, pulled, unacked, pushed, push_acked."""
+    store = open_engine(warehouse, engine=engine, spark=spark, create=True)
+    pub = PublisherClient(engine=store)
+    sub = SubscriberClient(engine=store)
     topic = pub.topic_path(project, "orders")
     path = sub.subscription_path(project, "orders-pull")
     say(f"warehouse: {pub.engine.warehouse} (engine: {pub.engine.name})")
@@ -69,21 +84,22 @@ def run(spark: "SparkSession", warehouse: str, project: str = "quickstart", say:
         f"backlog after acking: {after.num_unacked_messages} unacked "
         f"(written to the backlog table at {sub.engine.table_uri('backlog')})"
     )
-    pushed, push_acked = _push_demo(spark, pub.engine.warehouse, project, say)
+    pushed, push_acked = _push_demo(spark, store, project, say)
     sub.close()
     return {"published": 1 + len(ids) + n, "pulled": pulled, "unacked": after.num_unacked_messages, "pushed": pushed,
             "push_acked": push_acked}
 
 
-def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) -> tuple[int, int]:
-    """A push subscription to an endpoint on 127.0.0.1, delivered by the push job until idle.
-    Returns (this run's messages the endpoint received, acks the push job merged in this run)."""
+def _push_demo(spark: "SparkSession", store: Engine, project: str, say: Say) -> tuple[int, int]:
+    """A push subscription to an endpoint on 127.0.0.1, delivered by the push job (on `store`,
+    the run's engine) until idle. Returns (this run's messages the endpoint received, acks the
+    push job merged in this run)."""
     from .config import Settings
     from .push import runner
     from .push.local_endpoint import LocalEndpoint
 
-    pub = PublisherClient(warehouse=warehouse)
-    sub = SubscriberClient(warehouse=warehouse, allow_http=True)  # a local http endpoint: demo only
+    pub = PublisherClient(engine=store)
+    sub = SubscriberClient(engine=store, allow_http=True)  # a local http endpoint: demo only
     topic = pub.topic_path(project, "orders")
     path = sub.subscription_path(project, "orders-push")
     with LocalEndpoint() as endpoint:
@@ -103,7 +119,8 @@ def _push_demo(spark: "SparkSession", warehouse: str, project: str, say: Say) ->
         ids = pub.publish_batch(topic, [types.PubsubMessage(data=f'{{"push": {i}}}'.encode(), attributes={"via": "push"}) for i in range(500)])
         say(f"published {len(ids)} messages for the push subscription")
         try:
-            summary = runner.run(spark, Settings(warehouse=warehouse, allow_http=True, trigger_interval=0.2), until_idle=True, max_seconds=120)
+            settings = Settings(warehouse=store.warehouse, allow_http=True, trigger_interval=0.2, engine=store.name)
+            summary = runner.run(spark, settings, until_idle=True, max_seconds=120, engine=store)
         finally:
             sub.modify_push_config(subscription=path, push_config={})  # its endpoint goes away with us: back to pull
         got = {p.message_id for p in endpoint.pushes}

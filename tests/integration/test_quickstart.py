@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from deltabus import quickstart
+from tests.background import start_selected
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
@@ -16,6 +17,13 @@ NOISE = ("FairSchedulableBuilder", "Failed to cancel job group", "falling behind
          "resolves to a loopback address", "[Stage")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def readme_run(request, tmp_path_factory):
+    """The README's command (a spark-submit JVM, ~32 s) runs from this module's first test on,
+    beside the in-process quickstart runs, instead of after them (tests/background.py)."""
+    yield from start_selected(request, tmp_path_factory, {"test_readme_first_command_runs_the_job": readme_first_command_runs_the_job})
+
+
 def push_figures(lines: list[str]) -> tuple[int, ...]:
     (m,) = [PUSH_LINE.search(l) for l in lines if PUSH_LINE.search(l)]
     return tuple(int(g) for g in m.groups())
@@ -23,14 +31,14 @@ def push_figures(lines: list[str]) -> tuple[int, ...]:
 
 def test_quickstart_publishes_pulls_and_acks_everything(spark, warehouse):
     lines: list[str] = []
-    result = quickstart.run(spark, warehouse, say=lines.append)
+    result = quickstart.run(spark, warehouse, say=lines.append, engine="delta-rs")
     assert result == {"published": 1101, "pulled": 1101, "unacked": 0, "pushed": 500, "push_acked": 500}
     assert any("created topic projects/quickstart/topics/orders" in l for l in lines)
     assert push_figures(lines) == (500, 500, 500, 500)
     # Running it again on the same warehouse works too, and reports that run's own figures
     # (the push subscription held the second run's pull-demo messages: 1601 pushed).
     again_lines: list[str] = []
-    again = quickstart.run(spark, warehouse, say=again_lines.append)
+    again = quickstart.run(spark, warehouse, say=again_lines.append, engine="delta-rs")
     assert again == result
     assert push_figures(again_lines) == (500, 500, 500, 500)
     assert any("acked 1101 messages projects/quickstart/subscriptions/orders-push got while it had no endpoint" in l
@@ -49,7 +57,7 @@ def test_quickstart_recovers_a_push_subscription_left_by_an_interrupted_run(spar
     pub.stop()
     sub.close()
     lines: list[str] = []
-    result = quickstart.run(spark, warehouse, say=lines.append)
+    result = quickstart.run(spark, warehouse, say=lines.append, engine="delta-rs")
     assert result["pushed"] == 500 and result["push_acked"] == 500 and result["unacked"] == 0
     assert push_figures(lines) == (500, 500, 500, 500)
 
@@ -60,7 +68,7 @@ def test_job_help():
     assert "--verbose" in out.stdout
 
 
-def test_readme_first_command_runs_the_job(tmp_path):
+def readme_first_command_runs_the_job(tmp_path):
     """./spark-submit.sh jobs/quickstart.py, exactly as the README says (with a temp warehouse)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
     out = subprocess.run(
@@ -74,3 +82,31 @@ def test_readme_first_command_runs_the_job(tmp_path):
         assert noise not in out.stdout + out.stderr, (noise, out.stderr[-3000:])
     assert "SparkUI" not in out.stderr  # a 30 s demo starts no web UI (and binds no port for one)
     assert " INFO " not in out.stderr, out.stderr[-3000:]
+
+
+def test_readme_first_command_runs_the_job(readme_run):
+    """./spark-submit.sh jobs/quickstart.py, exactly as the README says (with a temp warehouse)."""
+    readme_run.result("test_readme_first_command_runs_the_job")
+
+
+def test_quickstart_on_delta_spark_through_spark_submit(tmp_path):
+    """./spark-submit.sh jobs/quickstart.py --engine delta-spark: the script adds the Delta jars
+    and session settings, and every step (clients and the push job) runs on delta-spark."""
+    from tests.conftest import DELTA_SKIP
+
+    if DELTA_SKIP:
+        pytest.skip(DELTA_SKIP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "DELTABUS_ENGINE"))}
+    out = subprocess.run(
+        [str(ROOT / "spark-submit.sh"), "jobs/quickstart.py", "--warehouse", str(tmp_path / "wh"), "--engine", "delta-spark"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert any(l.startswith("warehouse: ") and l.endswith("(engine: delta-spark)") for l in lines), out.stdout[-2000:]
+    assert "quickstart OK" in out.stdout
+    assert push_figures(lines) == (500, 500, 500, 500)
+    # The push job wrote its stream checkpoint where the delta-spark job keeps it, and its
+    # source was Delta's own (its offsets carry the Delta table's id and version).
+    offsets = sorted((tmp_path / "wh" / "_checkpoints" / "deliver-delta-spark" / "offsets").iterdir())
+    assert offsets and "reservoirVersion" in offsets[-1].read_text()

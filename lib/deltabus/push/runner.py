@@ -8,7 +8,9 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..config import Settings
+from ..errors import InvalidArgument
 from ..spark.source import message_stream, register
+from ..storage import Engine
 from .job import DeliveryJob, RunSummary
 from .jwks_server import JwksServer
 from .pool import pool_size
@@ -75,16 +77,23 @@ def run(
     hurry: threading.Event | None = None,
     stop_reason: Callable[[], str] = lambda: "stop requested",
     drain_seconds: float = DRAIN_SECONDS,
+    engine: Engine | None = None,
 ) -> RunSummary:
     """Run the push job until `stop` is set, it is idle (`until_idle`) or `max_seconds` passed.
 
     Stopping leases nothing more, waits for the pushes the workers hold (at most
     `drain_seconds`, and no longer than the longest ack deadline in flight; not at all once
-    `hurry` is set), merges their outcomes and returns this run's summary."""
+    `hurry` is set), merges their outcomes and returns this run's summary.
+
+    `engine`: the warehouse already opened by the caller (the quickstart shares one with its
+    clients); it must be the engine `settings.engine` names ("auto" accepts either). Without
+    it the job opens ``settings.warehouse`` on ``settings.engine``."""
+    if engine is not None and settings.engine not in ("auto", engine.name):
+        raise InvalidArgument("engine", f"settings say {settings.engine} but the engine passed is {engine.name}")
     # Refuse a master without room for the push workers before anything starts.
     pool_size(settings.delivery_partitions, spark.sparkContext.defaultParallelism)
     register(spark)
-    job = DeliveryJob(spark, settings, until_idle=until_idle)
+    job = DeliveryJob(spark, settings, until_idle=until_idle, engine=engine)
     server = None
     if jwks_port is not None:
         tokens = job.tokens()  # creates the signing key on first use

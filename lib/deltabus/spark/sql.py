@@ -11,9 +11,9 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from ..config import EngineName
 from ..names import DELETED_TOPIC
 from ..subscription_fields import VIEW_COLUMNS
-from ..storage.delta_spark import delta_jvm_available
 from ..storage.tables import ALL
 from . import table_source
 
@@ -47,12 +47,20 @@ VIEWS = {
 
 
 
-def register(spark: "SparkSession", warehouse: str) -> str:
-    """Define the views on `spark`; return which reader backs them ("delta-spark" or "delta-rs")."""
+def register(spark: "SparkSession", warehouse: str, *, engine: EngineName = "auto") -> str:
+    """Define the views on `spark`; return which reader backs them ("delta-spark" or "delta-rs").
+
+    delta-spark: each table view is ``delta.`<uri>``` , Spark's own Delta reader (its scan,
+    file pruning and statistics). delta-rs: this package's Python source reading through
+    delta-rs (``table_source``), for a Spark without the Delta jars. `engine` "auto" is
+    delta-spark when `spark` has the Delta JVM classes (``storage.choose_engine``); asking for
+    delta-spark without them raises ``FailedPrecondition``."""
+    from ..storage import choose_engine
+
     if "://" not in warehouse:
         warehouse = os.path.abspath(warehouse)
     warehouse = warehouse.rstrip("/")
-    use_delta = delta_jvm_available(spark)
+    use_delta = choose_engine(engine, spark) == "delta-spark"
     if not use_delta:
         table_source.register(spark)
     for spec in ALL:
