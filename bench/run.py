@@ -316,7 +316,7 @@ def delta_jars() -> list[str]:
 
 def _puller_client(wh: str, engine: BenchEngine, jars: Sequence[str]) -> Any:
     """A SubscriberClient on `engine`. For delta-spark, this process's own SparkSession
-    (local[1], the Delta jars and session settings): a puller is a separate program."""
+    (local[2], the Delta jars and session settings): a puller is a separate program."""
     from deltabus import SubscriberClient
 
     if engine == "delta-rs":
@@ -330,7 +330,7 @@ def _puller_client(wh: str, engine: BenchEngine, jars: Sequence[str]) -> Any:
     from deltabus.spark.delta_jars import SESSION_CONFS
     from deltabus.storage import open_engine
 
-    builder = (SparkSession.builder.master("local[1]").appName("bench-puller").config("spark.ui.enabled", "false")
+    builder = (SparkSession.builder.master("local[2]").appName("bench-puller").config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "1")
                .config("spark.sql.session.timeZone", "UTC").config("spark.jars", ",".join(jars)))
     for key, value in SESSION_CONFS.items():
@@ -341,9 +341,14 @@ def _puller_client(wh: str, engine: BenchEngine, jars: Sequence[str]) -> Any:
 
 
 def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any, engine: BenchEngine = DEFAULT_ENGINE,
-            jars: Sequence[str] = (), ready: Any = None, go: Any = None, max_seconds: float | None = None) -> None:  # child process
+            jars: Sequence[str] = (), ready: Any = None, go: Any = None, max_seconds: float | None = None,
+            warm: str | None = None) -> None:  # child process
     sys.path.insert(0, str(ROOT))
     sub = _puller_client(wh, engine, jars)
+    if warm is not None:  # one pull + ack on another subscription: a delta-spark first MERGE plans and JITs for tens of seconds
+        got = sub.pull(subscription=warm, max_messages=max_messages, return_immediately=True).received_messages
+        if got:
+            sub.acknowledge(subscription=warm, ack_ids=[m.ack_id for m in got])
     if ready is not None:  # the clock starts once every puller is up (a JVM start takes seconds)
         ready.release()
         go.wait()
@@ -365,9 +370,10 @@ def _puller(wh: str, name: str, max_messages: int, stop_at: int, counter: Any, e
 def pull(n: int, scratch: Path, max_messages: int = 1000, engine: BenchEngine = DEFAULT_ENGINE,
          processes: Sequence[int] = (1, 2), max_seconds: float | None = None) -> dict[str, Any]:
     """Pull + ack of `n` messages by each count of `processes` on `engine`, timed from the
-    moment every puller process is up (its client made; for delta-spark its own JVM) until
-    the last ack, or until `max_seconds` (then the rate is of what was acked by then).
-    Publishing is delta-rs, as from any client beside the pullers."""
+    moment every puller process is up (its client made, for delta-spark its own JVM, and one
+    pull + ack done on a second subscription of the topic to warm up) until the last ack, or
+    until `max_seconds` (then the rate is of what was acked by then). Publishing is delta-rs,
+    as from any client beside the pullers."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -380,18 +386,20 @@ def pull(n: int, scratch: Path, max_messages: int = 1000, engine: BenchEngine = 
         name = sub.subscription_path("bench", "pull")
         pub.create_topic(name=topic)
         sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
+        warm = sub.subscription_path("bench", "pull-warm")  # before the publish: it gets the messages too
+        sub.create_subscription(name=warm, topic=topic, ack_deadline_seconds=600)
         _publish(pub, topic, n)
         counter = ctx.Value("q", 0)
         ready, go = ctx.Semaphore(0), ctx.Event()
-        workers = [ctx.Process(target=_puller, args=(wh, name, max_messages, n, counter, engine, jars, ready, go, max_seconds))
+        workers = [ctx.Process(target=_puller, args=(wh, name, max_messages, n, counter, engine, jars, ready, go, max_seconds, warm))
                    for _ in range(procs)]
         for w in workers:
             w.start()
         for w in workers:
-            if not ready.acquire(timeout=180):
+            if not ready.acquire(timeout=300):
                 for x in workers:
-                    x.kill()
-                raise RuntimeError(f"pull: a {engine} puller did not start within 180 s")
+                    x.terminate()
+                raise RuntimeError(f"pull: a {engine} puller did not start and warm up within 300 s")
         t0 = time.perf_counter()
         go.set()
         end = time.monotonic() + 600
