@@ -11,11 +11,14 @@ when the module's first test asks for the fixture, and its test re-raises whatev
 scenario raised (with the scenario's traceback).
 
 Only the scenarios of tests selected in this session start (`-k one_test` runs just it).
+DELTABUS_TEST_PARALLEL=1 runs them one at a time, in file order (to compare, or on a
+machine whose cores are busy with something else).
 Scenarios must be independent: their own warehouse, endpoint, ports and log files.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -26,7 +29,7 @@ from deltabus import PublisherClient
 
 Scenario = Callable[[Path], None]
 
-PARALLEL = 2
+PARALLEL = int(os.environ.get("DELTABUS_TEST_PARALLEL", "2"))
 
 
 class Scenarios:

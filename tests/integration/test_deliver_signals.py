@@ -19,6 +19,7 @@ import pytest
 
 from deltabus import SubscriberClient
 from deltabus.storage.arrow import read_table
+from tests.background import in_warehouse, start_selected
 from tests.conftest import ROOT
 from tests.endpoints import Behaviour, Endpoint
 
@@ -94,7 +95,7 @@ def check_accounted_for(published, ep, warehouse, summary):
     assert int(summary["acked"]) == len(received) == len(set(received))
 
 
-def test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(pub, topic, warehouse, tmp_path):
+def sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(pub, topic, warehouse, tmp_path):
     with Endpoint(Behaviour(lambda r, n: (200, 0.05))) as ep:
         published = push_setup(pub, topic, warehouse, ep)
         job, out, err = start(warehouse, tmp_path)
@@ -111,7 +112,7 @@ def test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(pub
         assert noise not in stderr + stdout, noise
 
 
-def test_ctrl_c_to_the_process_group_stops_cleanly(pub, topic, warehouse, tmp_path):
+def ctrl_c_to_the_process_group_stops_cleanly(pub, topic, warehouse, tmp_path):
     with Endpoint(Behaviour(lambda r, n: (200, 0.05))) as ep:
         published = push_setup(pub, topic, warehouse, ep)
         job, out, err = start(warehouse, tmp_path, "--verbose")
@@ -127,7 +128,7 @@ def test_ctrl_c_to_the_process_group_stops_cleanly(pub, topic, warehouse, tmp_pa
     assert re.search(r" INFO (SparkContext|MicroBatchExecution|DAGScheduler)", stderr), stderr[-2000:]
 
 
-def test_a_second_signal_stops_without_waiting_for_pushes_in_flight(pub, topic, warehouse, tmp_path):
+def a_second_signal_stops_without_waiting_for_pushes_in_flight(pub, topic, warehouse, tmp_path):
     """Pushes hang far past any drain: only a second signal lets the job stop. What was
     reported is merged; what was still with the endpoint stays unacked (its lease expires)."""
     answered: list[str] = []
@@ -160,3 +161,33 @@ def test_a_second_signal_stops_without_waiting_for_pushes_in_flight(pub, topic, 
     assert merged | unacked == published
     assert merged == set(answered)  # the reported acks were merged; the hanging pushes were not
     assert int(summary["acked"]) == len(answered)
+
+
+# The three jobs run two at a time (tests/background.py) instead of one after another (~95 s
+# serially on the CI-like run): each is a spark-submit JVM using about one of the two cores.
+# Each test checks its own job, with its own warehouse, endpoint and logs, and fails with its
+# own scenario's assertion.
+SCENARIOS = {
+    "test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight":
+        sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight,
+    "test_ctrl_c_to_the_process_group_stops_cleanly": ctrl_c_to_the_process_group_stops_cleanly,
+    "test_a_second_signal_stops_without_waiting_for_pushes_in_flight": a_second_signal_stops_without_waiting_for_pushes_in_flight,
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    yield from start_selected(request, tmp_path_factory, {name: in_warehouse(body) for name, body in SCENARIOS.items()})
+
+
+def test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(jobs):
+    jobs.result("test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight")
+
+
+def test_ctrl_c_to_the_process_group_stops_cleanly(jobs):
+    jobs.result("test_ctrl_c_to_the_process_group_stops_cleanly")
+
+
+def test_a_second_signal_stops_without_waiting_for_pushes_in_flight(jobs):
+    """Pushes hang far past any drain: only a second signal lets the job stop."""
+    jobs.result("test_a_second_signal_stops_without_waiting_for_pushes_in_flight")

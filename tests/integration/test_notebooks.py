@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from nbclient import NotebookClient
 
+from tests.background import PARALLEL
 from tests.conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -103,7 +104,7 @@ def run(tmp_path_factory):
         [line] = [ln for o in nb.cells[-1].outputs for ln in _text(o).splitlines() if ln.startswith(PROBE_MARK)]
         return Run(nb, json.loads(line[len(PROBE_MARK):]), tmpdir)
 
-    pool = ThreadPoolExecutor(max_workers=len(NOTEBOOKS), thread_name_prefix="notebook")
+    pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="notebook")
 
     def result(path: Path) -> Run:
         if not runs:
