@@ -33,7 +33,7 @@ from tests.conftest import DELTA_SKIP, ROOT
 
 # A cluster driver and its executors start in tens of seconds on an idle machine, minutes on
 # a loaded one: each test gets more than the suite's 300 s.
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.timeout(900)]
 
 WORKERS = 2
 # Task slots per worker. The push job holds delivery_partitions (2) slots for its push
@@ -54,7 +54,7 @@ CLUSTER_CONFS = [
     "--conf", f"spark.sql.shuffle.partitions={WORKERS * CORES}",
     "--conf", f"spark.databricks.delta.snapshotPartitions={WORKERS * CORES}",
 ]
-DELIVER_SECONDS = 400  # --max-seconds: the job ends by itself before the test's timeout
+DELIVER_SECONDS = 600  # --max-seconds: the job ends by itself before the test's timeout
 ENGINES = [
     pytest.param("delta-rs"),
     pytest.param("delta-spark", marks=pytest.mark.skipif(DELTA_SKIP is not None, reason=str(DELTA_SKIP))),
@@ -161,13 +161,13 @@ def app_dirs(cluster: StandaloneCluster) -> list[set[str]]:
     return [{p.name for p in (cluster.base_dir / d.role).glob("app-*")} for d in cluster.workers]
 
 
-def setup_push(warehouse: str, endpoint: str, n: int) -> tuple[SubscriberClient, str, list[str]]:
+def setup_push(warehouse: str, endpoint: str, n: int, ack_deadline: int) -> tuple[SubscriberClient, str, list[str]]:
     pub = PublisherClient(warehouse=warehouse)
     sub = SubscriberClient(warehouse=warehouse, allow_http=True)
     topic = pub.topic_path("local", "orders")
     pub.create_topic(name=topic)
     name = sub.subscription_path("local", "orders-push")
-    sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=10, push_config={"push_endpoint": endpoint})
+    sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=ack_deadline, push_config={"push_endpoint": endpoint})
     ids = pub.publish_batch(topic, [{"data": f"m{i}".encode()} for i in range(n)])
     pub.stop()
     return sub, name, ids
@@ -183,7 +183,9 @@ def assert_pool_link_is_tls(log: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_deliver_on_the_standalone_cluster(cluster, tmp_path, engine):
     with SlowEndpoint(delay=0.0) as ep:
-        sub, name, ids = setup_push(str(tmp_path / "wh"), ep.url, 200)
+        # A lease long enough for a slow commit: on a loaded machine a delta-spark micro-batch
+        # took 12-25 s here, so a 10 s lease had expired before its push was sent.
+        sub, name, ids = setup_push(str(tmp_path / "wh"), ep.url, 200, ack_deadline=60)
         before = app_dirs(cluster)
         log_path = tmp_path / "deliver.log"
         with deliver(cluster, str(tmp_path / "wh"), engine, log_path) as job:
@@ -238,7 +240,7 @@ def test_a_worker_killed_mid_run_loses_nothing(cluster, tmp_path):
     Runs last in the module: the cluster keeps one worker after it.
     """
     with SlowEndpoint(delay=2.0) as ep:
-        sub, name, ids = setup_push(str(tmp_path / "wh"), ep.url, 300)
+        sub, name, ids = setup_push(str(tmp_path / "wh"), ep.url, 300, ack_deadline=10)
         log_path = tmp_path / "deliver.log"
         with deliver(cluster, str(tmp_path / "wh"), "delta-rs", log_path) as job:
             victim, ports = None, set()
