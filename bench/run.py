@@ -598,10 +598,25 @@ def spark_sql_timer() -> Callable[[str], float]:
 # and it sizes its pool from the cores registered when it starts, so it waits for them all.
 CLUSTER_WORKERS, CLUSTER_CORES = 2, 3
 CLUSTER_SUBMIT = ("--conf", f"spark.cores.max={CLUSTER_WORKERS * CLUSTER_CORES}",
-                  "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0", "--conf", "spark.executor.memory=1g")
+                  "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0", "--conf", "spark.executor.memory=1g",
+                  "--conf", "spark.ui.enabled=false")
 ENGINES_TRIGGER = 0.2  # one job serves throughput and latency: between the push (0.5) and latency (0.1) sections'
 MasterKind = Literal["local", "standalone"]
 MASTER_KINDS: tuple[MasterKind, ...] = get_args(MasterKind)
+
+
+def partition_confs(slots: int) -> tuple[str, ...]:
+    """One partition per task slot for shuffles and Delta's snapshot state (defaults 200 and
+    50), as the README's cluster recipe says: on the defaults a delta-spark job's stages ran
+    dozens of tasks each on these two cores, and a cluster job was still starting after six
+    minutes (tests/integration/test_cluster.py)."""
+    return ("--conf", f"spark.sql.shuffle.partitions={slots}", "--conf", f"spark.databricks.delta.snapshotPartitions={slots}")
+
+
+def local_slots(master: str) -> int | None:
+    """The task slots of a ``local[N]`` master (None for another kind, or ``local[*]``)."""
+    m = re.fullmatch(r"local\[(\d+)(,\d+)?\]", master)
+    return int(m.group(1)) if m else (1 if master == "local" else None)
 
 
 def default_master(defaults: Path = ROOT / "conf" / "spark-defaults.conf") -> str:
@@ -681,7 +696,9 @@ def engines(push_n: int, warm_n: int, rate: float, seconds: float, warmup: float
     out: dict[str, Any] = {
         "push_messages": push_n, "warm_up_messages": warm_n, "payload_bytes": 1024, "trigger_interval": ENGINES_TRIGGER,
         "latency_rate": rate, "latency_seconds": seconds, "latency_warmup_seconds": warmup, "pull_messages": pull_n,
-        "pull_max_seconds": pull_seconds, "local_master": default_master(), "cluster": {"workers": CLUSTER_WORKERS, "cores": CLUSTER_CORES, "submit": list(CLUSTER_SUBMIT)},
+        "pull_max_seconds": pull_seconds, "local_master": default_master(), "cluster": {"workers": CLUSTER_WORKERS, "cores": CLUSTER_CORES,
+                                  "submit": [*CLUSTER_SUBMIT, *partition_confs(CLUSTER_WORKERS * CLUSTER_CORES)]},
+        "local_submit": list(partition_confs(local_slots(default_master()) or 4)),
         "pull": {}, "runs": [],
     }
     for engine in ENGINES:
@@ -698,14 +715,15 @@ def engines(push_n: int, warm_n: int, rate: float, seconds: float, warmup: float
             log(f"engines: {target.engine} on {kind} failed: {str(exc)[-600:]}")
         out["runs"].append(row)
 
+    local = partition_confs(local_slots(out["local_master"]) or 4)
     for engine in ENGINES:
-        run("local", Target(engine))
+        run("local", Target(engine, submit_options=local))
     settings = ClusterSettings(workers=CLUSTER_WORKERS, cores=CLUSTER_CORES, memory="1g")
     cluster_dir = Path(tempfile.mkdtemp(prefix="cluster-", dir=scratch))
     with StandaloneCluster(settings, base_dir=cluster_dir, env=os.environ, conf_dir=ROOT / "conf") as cluster:
         log(f"engines: standalone cluster up at {cluster.master_url}")
         for engine in ENGINES:
-            run("standalone", Target(engine, cluster.master_url, CLUSTER_SUBMIT, ship=True))
+            run("standalone", Target(engine, cluster.master_url, CLUSTER_SUBMIT + partition_confs(CLUSTER_WORKERS * CLUSTER_CORES), ship=True))
     return out
 
 
@@ -963,7 +981,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections, q = opts.sections, opts.quick
     started = time.time()
     now = dt.datetime.now(dt.timezone.utc)
-    target = Target(opts.engine, opts.master)
+    slots = local_slots(opts.master or default_master())
+    target = Target(opts.engine, opts.master, partition_confs(slots) if opts.engine == "delta-spark" and slots else ())
     result: dict[str, Any] = {
         "date": now.isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
