@@ -169,7 +169,7 @@ def test_delta_spark_push_job_beside_delta_rs_publishers_and_pullers(pub, psub, 
             deadline = time.time() + 300
             while not ep.snapshot():  # the job is up and pushing: now everyone starts together
                 assert job.poll() is None, log_path.read_text()[-3000:]
-                assert time.time() < deadline, "the delta-spark push job pushed nothing in 300 s"
+                assert time.time() < deadline, "the delta-spark push job pushed nothing in 300 s: " + log_path.read_text()[-3000:]
                 time.sleep(0.1)
             start.set()
             time.sleep(2.0)
@@ -189,7 +189,7 @@ def test_delta_spark_push_job_beside_delta_rs_publishers_and_pullers(pub, psub, 
             deadline = time.time() + 300
             while {json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()} < set(published):
                 assert job.poll() is None, log_path.read_text()[-3000:]
-                assert time.time() < deadline, "the push job left messages unpushed for 300 s"
+                assert time.time() < deadline, "the push job left messages unpushed for 300 s: " + log_path.read_text()[-3000:]
                 time.sleep(0.1)
             os.killpg(job.pid, signal.SIGTERM)  # a clean stop: pushes in flight drain, outcomes merge
             assert job.wait(120) == 0, log_path.read_text()[-3000:]
@@ -250,18 +250,22 @@ def test_delta_spark_and_delta_rs_pullers_split_one_subscription(pub, sub, topic
     ctx = multiprocessing.get_context("spawn")
     start, done = ctx.Event(), ctx.Event()
     out = tmp_path / "rs.json"
-    proc = ctx.Process(target=workers.pull, args=(warehouse, s, str(out), 10, 0, 0.5, start, done, 300.0))
+    proc = ctx.Process(target=workers.pull, args=(warehouse, s, str(out), 10, 0, 1.0, start, done, 300.0))
     proc.start()
     published: list[str] = []
     for b in range(6):
         published += pub.publish_batch(topic, [{"data": f"{b}-{i}".encode()} for i in range(50)])
     spark_client = SubscriberClient(engine=open_engine(warehouse, engine="delta-spark", spark=spark, create=False))
     mine: dict[str, Any] = {"grants": [], "acks": [], "nacks": []}
-    start.set()
     done.set()  # everything is published: both stop once the subscription is empty
     empty = 0
     try:
         while empty < 3:
+            if mine["grants"]:
+                # The delta-rs puller joins once delta-spark holds a batch: a delta-spark pull
+                # (seconds) racing a fast delta-rs puller from the start loses every conflict
+                # and gets nothing (measured here: 0 of 300), which would prove no contention.
+                start.set()
             t0 = time.time()
             got = spark_client.pull(subscription=s, max_messages=20, return_immediately=True).received_messages
             t1 = time.time()
@@ -274,6 +278,7 @@ def test_delta_spark_and_delta_rs_pullers_split_one_subscription(pub, sub, topic
             a0 = time.time()
             spark_client.acknowledge(subscription=s, ack_ids=[r.ack_id for r in got])
             mine["acks"] += [[r.message.message_id, r.delivery_attempt, a0, time.time()] for r in got]
+        start.set()  # (had delta-spark found nothing, the delta-rs puller still runs, and the check below fails)
         proc.join(timeout=400)
         assert proc.exitcode == 0
     finally:
