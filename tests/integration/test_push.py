@@ -12,8 +12,19 @@ from deltabus import config
 from deltabus.push import runner
 from tests.endpoints import Behaviour, Endpoint
 from deltabus.storage.arrow import read_table
+from tests.conftest import requires_delta
 
 pytestmark = pytest.mark.spark
+
+# The push tests that matter most also run the job on delta-spark (the clients stay on
+# delta-rs: both engines on one warehouse). Each costs real seconds there, so only these.
+BOTH_ENGINES = pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+
+
+def pick_engine(spark, engine):
+    if engine == "delta-spark":
+        requires_delta(spark)
+    return engine
 
 
 def settings(warehouse, **kw):
@@ -32,7 +43,9 @@ def ids_of(endpoint):
     return [json.loads(r.body)["message"]["messageId"] for r in endpoint.snapshot()]
 
 
-def test_ten_thousand_messages_to_three_push_subscriptions(spark, pub, psub, topic, warehouse):
+@BOTH_ENGINES
+def test_ten_thousand_messages_to_three_push_subscriptions(spark, pub, psub, topic, warehouse, engine):
+    pick_engine(spark, engine)
     with Endpoint() as a, Endpoint() as b, Endpoint() as c:
         subs = []
         for name, ep in (("push-a", a), ("push-b", b), ("push-c", c)):
@@ -42,7 +55,7 @@ def test_ten_thousand_messages_to_three_push_subscriptions(spark, pub, psub, top
         published = []
         for start in range(0, 10_000, 1000):
             published += pub.publish_batch(topic, [{"data": f"m{i}".encode()} for i in range(start, start + 1000)])
-        summary = deliver(spark, warehouse)
+        summary = deliver(spark, warehouse, engine=engine)
         assert summary.stopped_because == "nothing left to deliver or retry"
         for ep in (a, b, c):
             got = ids_of(ep)
@@ -108,7 +121,9 @@ def test_wrapped_and_unwrapped_bodies_are_byte_exact(spark, pub, psub, topic, wa
         assert len(wrapped_ep.snapshot()) == len(raw_meta.snapshot()) == len(raw_plain.snapshot()) == 3
 
 
-def test_failing_endpoint_gets_backoff_and_redelivery_with_rising_attempts(spark, pub, psub, topic, warehouse):
+@BOTH_ENGINES
+def test_failing_endpoint_gets_backoff_and_redelivery_with_rising_attempts(spark, pub, psub, topic, warehouse, engine):
+    pick_engine(spark, engine)
     failures = 3
 
     def respond(r, n):
@@ -119,7 +134,7 @@ def test_failing_endpoint_gets_backoff_and_redelivery_with_rising_attempts(spark
         s = psub.subscription_path("local", "flaky")
         psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
         (mid,) = pub.publish_batch(topic, [{"data": b"retry me"}])
-        summary = deliver(spark, warehouse)
+        summary = deliver(spark, warehouse, engine=engine)
         got = ep.snapshot()
         attempts = [json.loads(r.body)["deliveryAttempt"] for r in got]
         assert attempts == [1, 2, 3, 4]
@@ -257,14 +272,17 @@ def test_plain_http_endpoints_need_allow_http(spark, pub, psub, topic, warehouse
         assert psub.get_backlog(s).num_unacked_messages == 3
 
 
-def test_a_replayed_batch_is_skipped(spark, pub, psub, topic, warehouse):
+@BOTH_ENGINES
+def test_a_replayed_batch_is_skipped(spark, pub, psub, topic, warehouse, engine):
     from deltabus.push.job import DeliveryJob
+
+    pick_engine(spark, engine)
 
     with Endpoint() as ep:
         s = psub.subscription_path("local", "replayed")
         psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
         pub.publish_batch(topic, [{"data": b"once"}])
-        job = DeliveryJob(spark, settings(warehouse))
+        job = DeliveryJob(spark, settings(warehouse, engine=engine))
         try:
             first = job.process(None, 7)
             assert first.delivered == 1 and not first.skipped

@@ -257,3 +257,46 @@ def test_session_on_a_missing_warehouse_is_not_found_and_creates_nothing(spark, 
     # Explicit set-up (a notebook's fresh warehouse) creates it, and the views answer.
     s = deltabus.spark.session(missing, spark=spark, create=True, refresh_backlog=False)
     assert s.sql("select count(*) from topics").collect()[0][0] == 0
+
+
+def _plan(df) -> str:
+    return df._jdf.queryExecution().executedPlan().toString()
+
+
+def test_on_delta_spark_the_views_read_through_sparks_delta_reader(spark, pub, sub, topic, subscription, warehouse):
+    """With the Delta jars the views are Spark's own Delta scans (not the delta-rs Python
+    source), and they answer exactly what the delta-rs reader answers over the same tables."""
+    from tests.conftest import requires_delta
+
+    from deltabus.spark.sql import register
+
+    requires_delta(spark)
+    ids = pub.publish_batch(topic, [{"data": f"m{i}".encode(), "attributes": {"i": str(i)}} for i in range(5)])
+    got = sub.pull(subscription=subscription, max_messages=2, return_immediately=True).received_messages
+    sub.acknowledge(subscription=subscription, ack_ids=[got[0].ack_id])
+    sub.refresh_backlog()
+    queries = {
+        "messages": "select message_id, data, attributes['i'] as i, topic from messages order by message_id",
+        "deliveries": "select subscription, message_id, delivery_attempt, state from deliveries order by message_id",
+        "subscriptions": "select name, topic, ack_deadline_seconds from subscriptions",
+        "backlog": "select subscription, num_undelivered_messages, num_outstanding_messages from backlog",
+    }
+
+    def answers() -> dict[str, list]:
+        return {name: [tuple(r) for r in spark.sql(q).collect()] for name, q in queries.items()}
+
+    assert register(spark, warehouse, engine="delta-rs") == "delta-rs"
+    assert "FileIndex" not in _plan(spark.sql(queries["messages"]))
+    by_rs = answers()
+    assert register(spark, warehouse, engine="delta-spark") == "delta-spark"
+    for name, q in queries.items():
+        plan = _plan(spark.sql(q))
+        assert "DeltaFileIndex" in plan or "TahoeLogFileIndex" in plan, (name, plan)
+        assert "PythonDataSource" not in plan and "deltabus_table" not in plan, (name, plan)
+    by_spark = answers()
+    assert by_spark == by_rs
+    assert sorted(m[0] for m in by_spark["messages"]) == sorted(ids)
+    assert sorted(d[3] for d in by_spark["deliveries"]) == ["outstanding"] + ["undelivered"] * 3  # the acked one is gone
+    # Each query reads the latest version through Delta too.
+    pub.publish_batch(topic, [{"data": b"late"}])
+    assert spark.sql("select count(*) from messages").collect()[0][0] == 6

@@ -1,0 +1,55 @@
+"""The push job on delta-spark: its stream is Delta's own change feed, and it restarts from
+its checkpoint (nothing delivered twice, nothing lost)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from deltabus import config
+from deltabus.push import runner
+from tests.conftest import requires_delta
+from tests.endpoints import Endpoint
+
+pytestmark = pytest.mark.spark
+
+
+def _settings(warehouse: str) -> config.Settings:
+    return config.Settings(warehouse=warehouse, allow_http=True, trigger_interval=0.2, backlog_interval=0.5, engine="delta-spark")
+
+
+def _offset_logs(checkpoint: Path) -> list[Path]:
+    return sorted((checkpoint / "offsets").iterdir(), key=lambda p: int(p.name)) if (checkpoint / "offsets").is_dir() else []
+
+
+def test_delta_spark_stream_reads_the_change_feed_and_restarts_from_its_checkpoint(spark, pub, psub, topic, warehouse):
+    requires_delta(spark)
+    checkpoint = Path(warehouse) / "_checkpoints" / "deliver-delta-spark"
+    with Endpoint() as ep:
+        s = psub.subscription_path("local", "restarted")
+        psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
+        first = pub.publish_batch(topic, [{"data": f"a{i}".encode()} for i in range(30)])
+        one = runner.run(spark, _settings(warehouse), until_idle=True, max_seconds=120)
+        assert one.stopped_because == "nothing left to deliver or retry"
+        logs = _offset_logs(checkpoint)
+        assert logs, "the delta-spark job keeps its own checkpoint"
+        # Its stream source is Delta's (readStream.format("delta") with the change feed):
+        # Delta's offsets name the table and its version.
+        delta_offsets = [json.loads(line) for line in logs[-1].read_text().splitlines() if "reservoirVersion" in line]
+        assert len(delta_offsets) == 1
+        last_batch = int(logs[-1].name)
+
+        second = pub.publish_batch(topic, [{"data": f"b{i}".encode()} for i in range(30)])  # while no job runs
+        two = runner.run(spark, _settings(warehouse), until_idle=True, max_seconds=120)
+        assert two.stopped_because == "nothing left to deliver or retry"
+        # The same query carried on: its batch ids continue after the first run's.
+        assert int(_offset_logs(checkpoint)[0].name) <= last_batch < int(_offset_logs(checkpoint)[-1].name)
+
+        pushed = Counter(json.loads(r.body)["message"]["messageId"] for r in ep.snapshot())
+        assert set(pushed) == set(first) | set(second)  # nothing lost
+        assert max(pushed.values()) == 1  # nothing pushed again by the restart
+        assert one.delivered == one.acked == 30 and two.delivered == two.acked == 30
+        assert psub.get_backlog(s).num_unacked_messages == 0
