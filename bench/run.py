@@ -663,7 +663,7 @@ def push_and_latency(target: Target, n: int, warm_n: int, rate: float, seconds: 
         t0 = time.time()
         proc = _deliver(wh, until_idle=False, max_seconds=3600, trigger=ENGINES_TRIGGER, target=target)
         try:
-            _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=300)  # a cluster job's start included
+            _wait_drained(wh, uid, proc, pub.engine.version("messages"), timeout=360)  # a cluster job's start included
             out["warm_up_s"] = round(time.time() - t0, 1)  # job start included
             ep.reset()
             _publish(pub, topic, n)
