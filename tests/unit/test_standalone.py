@@ -10,7 +10,7 @@ import time
 import pytest
 
 from deltabus.errors import InvalidArgument
-from deltabus.spark.standalone import ClusterSettings, kill_tree, process_tree, spark_class
+from deltabus.spark.standalone import ClusterSettings, _pdeathsig, kill_tree, process_tree, spark_class
 
 
 @pytest.mark.parametrize(
@@ -77,3 +77,26 @@ def test_kill_tree_ends_children_that_left_the_process_group():
         if root.poll() is None:
             root.kill()
             root.wait(10)
+
+
+def test_a_daemon_dies_with_the_process_that_started_it():
+    """An owner killed with SIGKILL runs no clean-up: the daemons it started go with it."""
+    script = "import subprocess, sys, time\n" \
+             "from deltabus.spark.standalone import _pdeathsig\n" \
+             "p = subprocess.Popen(['sleep', '60'], start_new_session=True, preexec_fn=_pdeathsig())\n" \
+             "print(p.pid, flush=True)\n" \
+             "time.sleep(60)\n"
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        daemon = int(owner.stdout.readline())
+        assert _alive(daemon)
+        owner.kill()
+        owner.wait(10)
+        end = time.monotonic() + 10
+        while _alive(daemon) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _alive(daemon)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(10)
