@@ -126,6 +126,10 @@ def spark():
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
+        # Delta rebuilds a table's state in a job of this many tasks (default 50) whenever it
+        # loads a snapshot (every new table, time-travel read, MERGE): on tables of a few files
+        # nearly all of a delta-spark test's time (issue 12, seen: 50-task stages per operation).
+        .config("spark.databricks.delta.snapshotPartitions", "2")
     )
     if DELTA_JARS:
         builder = builder.config("spark.jars", ",".join(DELTA_JARS))

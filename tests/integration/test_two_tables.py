@@ -19,12 +19,12 @@ from deltalake import DeltaTable, write_deltalake
 import deltabus
 from deltabus.storage import open_engine
 from deltabus.storage.delta_rs import DeltaRsEngine
-from deltabus.storage.delta_spark import delta_jvm_available
 from deltabus.storage.engine import AppTxn, Engine
 from deltabus.storage.keyed_steps import UnfinishedMove
 from deltabus.storage.tables import MESSAGES, TS
 from tests.integration import _two_tables_worker as worker
-from tests.integration.test_engine_contract import NO_DELTA_JARS
+from tests.conftest import requires_delta
+from tests.integration.test_engine_contract import delta_spark_tables, delta_spark_warehouse  # noqa: F401 - a fixture
 
 WORKER = Path(worker.__file__)
 # (part, id, attempts): s1 rows with attempts >= 5 move; s2's stay (another partition).
@@ -158,14 +158,12 @@ def test_a_new_move_waits_for_the_unfinished_one_and_keys_grow(tmp_path: Path) -
 
 @pytest.fixture(params=["delta-rs", "delta-spark"])
 def any_engine(request: pytest.FixtureRequest, warehouse: str) -> Engine:
-    """Each engine; delta-spark only where the tests' Spark gets the Delta jars (see
-    test_engine_contract.py), without starting Spark just to skip."""
+    """Each engine; delta-spark on a copy of the tables it created once for the run (see
+    test_engine_contract.py), skipped with conftest's reason only where no jars could be had."""
     if request.param == "delta-spark":
-        if not os.environ.get("DELTABUS_TEST_SPARK_PACKAGES"):
-            pytest.skip(NO_DELTA_JARS)
         spark = request.getfixturevalue("spark")
-        if not delta_jvm_available(spark):
-            pytest.skip(NO_DELTA_JARS)
+        requires_delta(spark)
+        delta_spark_warehouse(request.getfixturevalue("delta_spark_tables"), warehouse)
         return open_engine(warehouse, engine="delta-spark", spark=spark)
     return open_engine(warehouse, engine="delta-rs")
 

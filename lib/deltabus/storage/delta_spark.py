@@ -123,11 +123,15 @@ class DeltaSparkSnapshot:
         for predicate in (self._partition_sql(partition), prune):
             if predicate:
                 df = df.where(predicate)  # partition pruning and data skipping on file stats
-        if columns:
+        # `filter` may name columns outside `columns` (as delta-rs's dataset filter does): with
+        # one, every column is read, filtered, and only then projected.
+        if columns and filter is None:
             df = df.select(*columns)
         table = plain(df.toArrow())
         if filter is not None:
             table = table.filter(filter)
+            if columns:
+                table = table.select(list(columns))
         return table.cast(self._schema(columns))
 
     def file_stats(self, partition: str | None = None) -> pa.Table:
