@@ -92,7 +92,7 @@ class Package:
     def parse(cls, raw: str, field: str = "[delta-spark] package") -> "Package":
         parts = raw.strip().split(":")
         if len(parts) != 3 or not all(parts):
-            raise InvalidArgument(field, f"must be group:artifact:version (e.g. io.delta:delta-spark_2.13:4.1.0), got {raw!r}")
+            raise InvalidArgument(field, f"must be group:artifact:version (e.g. io.delta:delta-spark_4.1_2.13:4.4.0), got {raw!r}")
         try:
             return cls(*parts)
         except InvalidArgument as e:

@@ -20,7 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 DELTA_PACKAGE_HINT = (
-    "start Spark with the Delta jars, e.g. spark-submit --packages io.delta:delta-spark_2.13:<version> "
+    "run the job with ./spark-submit.sh ... --engine delta-spark, which fetches the Delta jars pinned in "
+    "conf/deltabus.conf ([delta-spark] package), or start Spark with them yourself: spark-submit "
+    "--packages io.delta:delta-spark_4.1_2.13:<that version> "
     "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
     "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog"
 )
