@@ -274,6 +274,8 @@ def test_on_delta_spark_the_views_read_through_sparks_delta_reader(spark, pub, s
     ids = pub.publish_batch(topic, [{"data": f"m{i}".encode(), "attributes": {"i": str(i)}} for i in range(5)])
     got = sub.pull(subscription=subscription, max_messages=2, return_immediately=True).received_messages
     sub.acknowledge(subscription=subscription, ack_ids=[got[0].ack_id])
+    # Outstanding for the whole test, however slow the machine (the fixture's deadline is 10 s).
+    sub.modify_ack_deadline(subscription=subscription, ack_ids=[got[1].ack_id], ack_deadline_seconds=600)
     sub.refresh_backlog()
     queries = {
         "messages": "select message_id, data, attributes['i'] as i, topic from messages order by message_id",
