@@ -36,9 +36,10 @@ from tests.integration import _mixed_workers as workers
 
 pytestmark = pytest.mark.spark
 
-PUSH_DEADLINE = 60  # s: longer than the run, so a second push of a message could only be a lost ack
+LONG_DEADLINE = 60  # s: longer than a run, so a second delivery of a message could only be a lost ack or a lease granted twice
 PULL_DEADLINE = 20  # s: the pullers' leases; nacked messages come back at once
 TABLES = ("messages", "deliveries")
+WAIT = 240  # s: bound on each wait for the job (so a failure shows its message and the job's log)
 
 
 @pytest.fixture
@@ -61,7 +62,8 @@ def start_deliver(warehouse: str, log_path: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
     log = open(log_path, "ab")
     return subprocess.Popen(
-        [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", warehouse, "--engine", "delta-spark",
+        [str(ROOT / "spark-submit.sh"), "--conf", "spark.databricks.delta.snapshotPartitions=2", "jobs/deliver.py",
+         "--warehouse", warehouse, "--engine", "delta-spark",
          "--allow-http", "--trigger-interval", "0.2", "--max-seconds", "240"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -133,7 +135,7 @@ def check_leases(logs: list[dict[str, Any]], deadline: float) -> None:
         for mid, _, _, a1 in log["acks"]:
             acked[mid] = min(a1, acked.get(mid, a1))
     for mid, gs in grants.items():
-        gs.sort()
+        gs.sort(key=lambda g: g[2])  # in grant order: attempts only grow (calls may overlap, so not by start time)
         attempts = [a for _, _, a in gs]
         assert len(set(attempts)) == len(attempts), f"{mid}: one delivery attempt granted twice: {gs}"
         for (s0, _, a), (_, e1, b) in zip(gs, gs[1:]):
@@ -144,6 +146,7 @@ def check_leases(logs: list[dict[str, Any]], deadline: float) -> None:
             assert all(t0 < acked[mid] for t0, _, _ in gs), f"{mid}: granted again after its ack: {gs}, acked {acked[mid]}"
 
 
+@pytest.mark.timeout(600)  # its own JVM; measured 309 s here under load 15-25 on 2 cores (see the report of issue 12)
 def test_delta_spark_push_job_beside_delta_rs_publishers_and_pullers(pub, psub, topic, warehouse, tmp_path, lean_delta):
     spark = lean_delta
     requires_delta(spark)
@@ -151,7 +154,7 @@ def test_delta_spark_push_job_beside_delta_rs_publishers_and_pullers(pub, psub, 
     with Endpoint() as ep:
         push = psub.subscription_path("local", "mixed-push")
         pull = psub.subscription_path("local", "mixed-pull")
-        psub.create_subscription(name=push, topic=topic, ack_deadline_seconds=PUSH_DEADLINE, push_config={"push_endpoint": ep.url})
+        psub.create_subscription(name=push, topic=topic, ack_deadline_seconds=LONG_DEADLINE, push_config={"push_endpoint": ep.url})
         psub.create_subscription(name=pull, topic=topic, ack_deadline_seconds=PULL_DEADLINE)
         published = pub.publish_batch(topic, [{"data": f"warm-{i}".encode()} for i in range(20)])
         before = protocols(warehouse)
@@ -166,10 +169,10 @@ def test_delta_spark_push_job_beside_delta_rs_publishers_and_pullers(pub, psub, 
         log_path = tmp_path / "deliver.log"
         job = start_deliver(warehouse, log_path)
         try:
-            deadline = time.time() + 300
+            deadline = time.time() + WAIT
             while not ep.snapshot():  # the job is up and pushing: now everyone starts together
                 assert job.poll() is None, log_path.read_text()[-3000:]
-                assert time.time() < deadline, "the delta-spark push job pushed nothing in 300 s: " + log_path.read_text()[-3000:]
+                assert time.time() < deadline, f"the delta-spark push job pushed nothing in {WAIT} s: " + log_path.read_text()[-3000:]
                 time.sleep(0.1)
             start.set()
             time.sleep(2.0)
@@ -186,10 +189,10 @@ def test_delta_spark_push_job_beside_delta_rs_publishers_and_pullers(pub, psub, 
                 p.join(timeout=400)
                 assert p.exitcode == 0
             published += [m for o in pub_outs for m in json.loads(o.read_text())["ids"]]
-            deadline = time.time() + 300
+            deadline = time.time() + WAIT
             while {json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()} < set(published):
                 assert job.poll() is None, log_path.read_text()[-3000:]
-                assert time.time() < deadline, "the push job left messages unpushed for 300 s: " + log_path.read_text()[-3000:]
+                assert time.time() < deadline, f"the push job left messages unpushed for {WAIT} s: " + log_path.read_text()[-3000:]
                 time.sleep(0.1)
             os.killpg(job.pid, signal.SIGTERM)  # a clean stop: pushes in flight drain, outcomes merge
             assert job.wait(120) == 0, log_path.read_text()[-3000:]
@@ -246,7 +249,7 @@ def test_delta_spark_and_delta_rs_pullers_split_one_subscription(pub, sub, topic
     spark = lean_delta
     requires_delta(spark)
     s = sub.subscription_path("local", "split")
-    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=PUSH_DEADLINE)
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=LONG_DEADLINE)
     ctx = multiprocessing.get_context("spawn")
     start, done = ctx.Event(), ctx.Event()
     out = tmp_path / "rs.json"
@@ -290,5 +293,5 @@ def test_delta_spark_and_delta_rs_pullers_split_one_subscription(pub, sub, topic
     # Each message granted once in all (a 60 s deadline nobody let expire, and nobody nacked).
     granted = [m for log in (mine, theirs) for m, *_ in log["grants"]]
     assert sorted(granted) == sorted(published)
-    check_leases([mine, theirs], PUSH_DEADLINE)
+    check_leases([mine, theirs], LONG_DEADLINE)
     assert sub.get_backlog(s).num_unacked_messages == 0
