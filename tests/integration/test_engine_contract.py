@@ -223,3 +223,25 @@ def test_pull_and_ack_through_the_clients_on_this_engine(engine, warehouse):
     assert read_table(engine.table_uri("messages")).num_rows == len(got)
     pub.stop()
     sub.close()
+
+
+def test_a_lease_decided_on_an_attempt_that_moved_on_is_not_granted(engine):
+    """The lease clause is a compare-and-set on delivery_attempt: two writers that decided to
+    lease one row from the same state cannot both hold it, whichever engine commits them,
+    even where no conflict check saw the first (delta-spark's window before its MERGE reads)."""
+    from deltabus.delivery.merge import commit, source_rows
+    from deltabus.delivery.model import Op
+
+    uid = "sl"
+    engine.snapshot("deliveries").merge(rows(uid, ["m1", "m2"]), on(uid), INSERT)
+    decided = rows(uid, ["m1"])  # both writers saw m1 at attempt 0
+    first = pa.array([1_800_000_000_000_000], TS)
+    second = pa.array([1_900_000_000_000_000], TS)
+    commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, decided, pa.array([1], pa.int32()), first)], [uid])
+    # The second writer's decision, committed on a fresh snapshot as if no check had caught it.
+    commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, decided, pa.array([1], pa.int32()), second)], [uid])
+    got = engine.snapshot("deliveries").read(columns=["message_id", "delivery_attempt", "lease_expires"], partition=uid)
+    by_id = {r["message_id"]: r for r in got.to_pylist()}
+    assert by_id["m1"]["delivery_attempt"] == 1
+    assert by_id["m1"]["lease_expires"] == first.to_pylist()[0]  # the first lease stands
+    assert by_id["m2"]["delivery_attempt"] == 0 and by_id["m2"]["lease_expires"] is None

@@ -41,8 +41,14 @@ OPS_CLAUSES: Mapping[Op, Clause] = {
         {"lease_expires": "s.lease_expires"},
         when=f"s.op = '{Op.DEADLINE.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND t.lease_expires > {NACKED_SQL}",
     ),
+    # A lease is granted only on the attempt it was decided on: every lease adds one to
+    # delivery_attempt, so of two writers that decided on the same row only the first can
+    # match (compare-and-set). delta-rs's conflict check already reruns the second; on
+    # delta-spark a commit landing between the snapshot check and the MERGE's own read is
+    # seen by neither check, and without this the second lease overwrote the first.
     Op.LEASE: MatchedUpdate(
-        {"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"}, when=f"s.op = '{Op.LEASE.value}'"
+        {"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"},
+        when=f"s.op = '{Op.LEASE.value}' AND t.delivery_attempt = s.delivery_attempt - 1",
     ),
     Op.INSERT: NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when=f"s.op = '{Op.INSERT.value}'"),
 }

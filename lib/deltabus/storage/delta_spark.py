@@ -16,8 +16,11 @@ Two things delta-spark's public API does not offer, and how this engine makes up
   a conflict and reruns. Commits to other partitions are no conflict, as in delta-rs.
   Commits overlapping the MERGE itself are caught by Delta's own conflict checker
   (``ConcurrentAppendException`` and friends). What is left is the moment between the
-  check and the MERGE's start: a lease granted in it can be granted twice (a duplicate
-  delivery, as Pub/Sub's at-least-once allows), never lost.
+  check and the MERGE's own read. The delivery core's lease clause is a compare-and-set on
+  ``delivery_attempt`` (``delivery/merge.py``), so a lease decided on a state that moved in
+  that moment is not written: the table never holds two leases of one message. The puller
+  that lost the race may still hand that message to its caller (a duplicate delivery, as
+  Pub/Sub's at-least-once allows; its ack applies to the attempt both saw). Nothing is lost.
 - *Several application transactions in one commit.* delta-spark records one
   (``txnAppId``, ``txnVersion``) per commit. The MERGE carries the last one given
   (the push job's batch id, or a pull's fan-out cursor, which is the only one), and any
