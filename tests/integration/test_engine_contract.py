@@ -245,3 +245,27 @@ def test_a_lease_decided_on_an_attempt_that_moved_on_is_not_granted(engine):
     assert by_id["m1"]["delivery_attempt"] == 1
     assert by_id["m1"]["lease_expires"] == first.to_pylist()[0]  # the first lease stands
     assert by_id["m2"]["delivery_attempt"] == 0 and by_id["m2"]["lease_expires"] is None
+
+
+def test_merge_counts_carry_one_set_of_names_and_registry_updates_find_their_rows(engine):
+    """Callers count acks, deadline changes and registry updates by the MERGE's counts: every
+    engine names them alike. (Under delta-spark's own names an update counted 0, and
+    modify_push_config and delete_subscription said the subscription did not exist.)"""
+    from deltabus.errors import NotFound
+
+    m = engine.snapshot("deliveries").merge(rows("sc", ["1", "2", "3"]), on("sc"), INSERT)
+    assert m["num_target_rows_inserted"] == 3
+    change = pa.concat_tables([rows("sc", ["1"], attempt=0), rows("sc", ["2"], attempt=-1), rows("sc", ["4"])])
+    m = engine.snapshot("deliveries").merge(change, on("sc"), OPS)
+    assert (m["num_target_rows_updated"], m["num_target_rows_deleted"], m["num_target_rows_inserted"]) == (1, 1, 1)
+    pub, sub = PublisherClient(engine=engine), SubscriberClient(engine=engine)
+    topic = pub.create_topic(name=pub.topic_path("proj", "counted")).name
+    name = sub.subscription_path("proj", "counted-sub")
+    sub.create_subscription(name=name, topic=topic)
+    sub.modify_push_config(subscription=name, push_config={"push_endpoint": "https://example.invalid/push"})
+    assert sub.get_subscription(subscription=name).push_config.push_endpoint == "https://example.invalid/push"
+    sub.delete_subscription(subscription=name)
+    with pytest.raises(NotFound):
+        sub.get_subscription(subscription=name)
+    pub.stop()
+    sub.close()

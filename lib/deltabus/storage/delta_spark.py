@@ -64,6 +64,16 @@ ALLOW_ARBITRARY_PROPERTIES = "spark.databricks.delta.allowArbitraryProperties.en
 DELTA_CLASS = "io.delta.tables.DeltaTable"
 
 
+# delta-spark's MERGE metrics under the names of the contract (delta-rs's): callers count
+# acks, deadline changes and registry updates by them. Under its own names a delta-spark
+# update counted 0, so modify_push_config raised NotFound and acks reported none.
+METRIC_NAMES = {
+    "num_inserted_rows": "num_target_rows_inserted",
+    "num_updated_rows": "num_target_rows_updated",
+    "num_deleted_rows": "num_target_rows_deleted",
+}
+
+
 class StaleSnapshot(Exception):
     """The table moved since the snapshot was taken: rerun the read-modify-write."""
 
@@ -204,7 +214,8 @@ class DeltaSparkSnapshot:
             metrics = builder.execute()
         self._engine.commit_txns(self._spec.name, txns[:-1])
         row = metrics.first() if metrics is not None else None
-        return {k: int(v) for k, v in (row.asDict().items() if row is not None else ()) if v is not None}
+        got = {k: int(v) for k, v in (row.asDict().items() if row is not None else ()) if v is not None}
+        return {METRIC_NAMES.get(k, k): v for k, v in got.items()}
 
     def append(self, data: pa.Table, app_txn: AppTxn | tuple[str, int] | None = None) -> None:
         """Append `data`, with `app_txn` (delta-spark's ``txnAppId``/``txnVersion`` writer

@@ -110,7 +110,11 @@ class Snapshot(Protocol):
         on: str,
         clauses: Sequence[Clause],
         app_txn: tuple[str, int] | Sequence[tuple[str, int]] | None = None,
-    ) -> Mapping[str, int]: ...
+    ) -> Mapping[str, int]:
+        """MERGE `source` into the table; returns its counts, on every engine under
+        delta-rs's names: ``num_target_rows_inserted``, ``num_target_rows_updated``,
+        ``num_target_rows_deleted`` (an engine may add others)."""
+        ...
 
     def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None: ...
 
