@@ -231,6 +231,7 @@ def test_a_lease_decided_on_an_attempt_that_moved_on_is_not_granted(engine):
     even where no conflict check saw the first (delta-spark's window before its MERGE reads)."""
     from deltabus.delivery.merge import commit, source_rows
     from deltabus.delivery.model import Op
+    from deltabus.storage.engine import WriteRaced
 
     uid = "sl"
     engine.snapshot("deliveries").merge(rows(uid, ["m1", "m2"]), on(uid), INSERT)
@@ -238,8 +239,10 @@ def test_a_lease_decided_on_an_attempt_that_moved_on_is_not_granted(engine):
     first = pa.array([1_800_000_000_000_000], TS)
     second = pa.array([1_900_000_000_000_000], TS)
     commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, decided, pa.array([1], pa.int32()), first)], [uid])
-    # The second writer's decision, committed on a fresh snapshot as if no check had caught it.
-    commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, decided, pa.array([1], pa.int32()), second)], [uid])
+    # The second writer's decision, committed on a fresh snapshot as if no check had caught it:
+    # the row is refused, and the writer learns it (a conflict, so its pull reruns).
+    with pytest.raises(WriteRaced, match="1 of 1 leases"):
+        commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, decided, pa.array([1], pa.int32()), second)], [uid])
     got = engine.snapshot("deliveries").read(columns=["message_id", "delivery_attempt", "lease_expires"], partition=uid)
     by_id = {r["message_id"]: r for r in got.to_pylist()}
     assert by_id["m1"]["delivery_attempt"] == 1

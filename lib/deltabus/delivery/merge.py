@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
-from ..storage.engine import Clause
+from ..storage.engine import Clause, WriteRaced
 from ..storage.tables import DELIVERIES
 from ..timestamps import TS
 from .model import Op
@@ -139,4 +139,12 @@ def commit(
         return None
     source = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     _check_pinned(source, sub_uids)
-    return snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
+    metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
+    leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
+    if leases and metrics.get("num_target_rows_updated", leases) < leases:
+        # The lease compare-and-set refused some rows: another writer leased them after our
+        # snapshot (delta-spark's window before its MERGE reads). Which ones is unknown, so
+        # none of this decision's leases may be handed out: rerun it. The leases that did
+        # apply expire unused and those messages come back.
+        raise WriteRaced(f"{leases - metrics.get('num_target_rows_updated', 0)} of {leases} leases were taken by another writer first")
+    return metrics

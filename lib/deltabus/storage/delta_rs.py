@@ -21,7 +21,7 @@ from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .maintenance import AutoCompact, compact, file_count
-from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_done, txn_list
+from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
 
 log = logging.getLogger(__name__)
@@ -392,7 +392,7 @@ class DeltaRsEngine:
                 result = fn(snap)
                 self._after_commit(snap)
                 return result
-            except CommitFailedError as exc:
+            except (CommitFailedError, WriteRaced) as exc:
                 elapsed = time.monotonic() - started
                 if elapsed > self._max_conflict_seconds:
                     raise Aborted(

@@ -18,9 +18,10 @@ Two things delta-spark's public API does not offer, and how this engine makes up
   (``ConcurrentAppendException`` and friends). What is left is the moment between the
   check and the MERGE's own read. The delivery core's lease clause is a compare-and-set on
   ``delivery_attempt`` (``delivery/merge.py``), so a lease decided on a state that moved in
-  that moment is not written: the table never holds two leases of one message. The puller
-  that lost the race may still hand that message to its caller (a duplicate delivery, as
-  Pub/Sub's at-least-once allows; its ack applies to the attempt both saw). Nothing is lost.
+  that moment is not written: the table never holds two leases of one message. The MERGE's
+  counts then show fewer leases than decided, and ``delivery.merge.commit`` raises
+  ``WriteRaced``, a conflict: the whole pull reruns on a fresh snapshot and hands out none
+  of the raced decision's leases (those that did apply expire unused). Nothing is lost.
 - *Several application transactions in one commit.* delta-spark records one
   (``txnAppId``, ``txnVersion``) per commit. The MERGE carries the last one given
   (the push job's batch id, or a pull's fan-out cursor, which is the only one), and any
@@ -48,7 +49,7 @@ from ..config import ConcreteEngine
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import plain
-from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, first_rows, literal, partition_files, txn_done, txn_list
+from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,7 +97,7 @@ def delta_jvm_available(spark: "SparkSession") -> bool:
 def _conflict_types() -> tuple[type[BaseException], ...]:
     from delta.exceptions import DeltaConcurrentModificationException
 
-    return (StaleSnapshot, DeltaConcurrentModificationException)
+    return (StaleSnapshot, WriteRaced, DeltaConcurrentModificationException)
 
 
 class DeltaSparkSnapshot:

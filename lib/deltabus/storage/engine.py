@@ -27,6 +27,13 @@ T = TypeVar("T")
 _SAFE_LITERAL = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
+class WriteRaced(Exception):
+    """A committed write found that part of it did not apply, because the table moved between
+    the snapshot it was decided on and the write's own read (a compare-and-set clause
+    refused rows). Every engine's ``transact`` treats it as a conflict and reruns the whole
+    read-decide-write on a fresh snapshot."""
+
+
 @dataclass(frozen=True, slots=True)
 class MatchedUpdate:
     set: Mapping[str, str]
