@@ -91,3 +91,15 @@ def test_cached_is_none_until_a_directory_of_jars_exists(tmp_path):
 def test_a_cluster_with_delta_installed_gets_only_the_settings():
     out = plan_submit(["jobs/deliver.py", "--engine", "delta-spark"], "auto", jars=None, ivy_settings=Path("/x"))
     assert "--jars" not in out and all(e in out for e in EXT)
+
+
+def test_the_jobs_own_settings_file_names_the_engine(tmp_path, monkeypatch):
+    from deltabus.spark.delta_jars import _engine_setting
+
+    monkeypatch.delenv("DELTABUS_ENGINE", raising=False)  # the variable would override the file
+
+    conf = tmp_path / "job.conf"
+    conf.write_text("[deltabus]\nengine = delta-spark\n")
+    assert _engine_setting(["--master", "local[2]", "jobs/deliver.py", "--conf", str(conf)]) == "delta-spark"
+    conf.write_text("[deltabus]\nengine = hive\n")  # the job reports it; the plan adds nothing
+    assert _engine_setting(["jobs/deliver.py", f"--conf={conf}"]) == "auto"

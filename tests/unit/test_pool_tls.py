@@ -144,3 +144,10 @@ def test_a_worker_pins_an_https_pool_and_only_an_https_pool() -> None:
         with pytest.raises(InvalidArgument) as err:
             control_ssl(url, given)
         assert err.value.field == field, url
+
+
+def test_the_pool_asks_for_sparks_rpc_encryption_only_when_both_settings_are_on():
+    from deltabus.push.pool import encrypted_rpc
+
+    assert encrypted_rpc("true", "true") and encrypted_rpc(" TRUE", "True ")
+    assert not encrypted_rpc("true", "false") and not encrypted_rpc("false", "true") and not encrypted_rpc("", "")

@@ -53,6 +53,12 @@ HAND_OUT_LIMIT = 2048  # rows in one assignment
 POOL_GROUP = "deltabus-push-workers"
 
 
+def encrypted_rpc(crypto_enabled: str, authenticate: str) -> bool:
+    """Whether Spark's own RPC (which carries the workers' task, the run key inside it) is
+    authenticated and encrypted: ``spark.authenticate`` and ``spark.network.crypto.enabled``."""
+    return crypto_enabled.strip().lower() == "true" and authenticate.strip().lower() == "true"
+
+
 def pool_size(wanted: int, slots: int) -> int:
     """Workers to start given the master's task slots: one slot stays for micro-batches."""
     if slots < 2:
@@ -184,6 +190,16 @@ class PushPool:
         self.url = self.server.url
         if tls is not None:
             log.info("push pool at %s (TLS, per-run certificate)", self.url)
+            if not encrypted_rpc(spark.conf.get("spark.network.crypto.enabled", "false") or "",
+                                 spark.conf.get("spark.authenticate", "false") or ""):
+                # The run key and the pin reach the executors inside the workers' task, over
+                # Spark's own RPC: without Spark's encryption a listener there could take the
+                # key and fetch assignments (payloads, tokens) from the pool itself.
+                log.warning(
+                    "push pool: Spark's RPC is not encrypted (spark.authenticate and spark.network.crypto.enabled "
+                    "are off), and the pool's run key travels to the executors inside their task: turn both on "
+                    "on a network you do not trust"
+                )
             log.debug("push pool certificate SHA-256 %s", tls.certificate.pin.hex())
         else:
             log.info("push pool at %s (plain HTTP: local master on loopback)", self.url)

@@ -371,22 +371,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     args, rest = p.parse_args(argv[:cut]), argv[cut + 1:]
     try:
-        settings = config.load(config.default_path())
-        package = Package.parse(config.delta_package(config.default_path()))
-
         # spark-submit finds its Spark through PYSPARK_PYTHON (scripts/bootstrap.sh exports it).
+        # The package is read only when jars are fetched: a delta-rs job needs no [delta-spark].
         def fetch() -> list[Path]:
+            package = Package.parse(config.delta_package(config.default_path()))
             return resolve(package, args.cache, spark_submit=args.spark_submit)
 
         if args.command == "jars":
             print(",".join(str(j) for j in fetch()))
         else:
-            out = plan_submit(rest, settings.engine, jars=None if args.no_fetch else fetch, ivy_settings=Path(args.cache) / "ivysettings.xml")
+            out = plan_submit(rest, _engine_setting(rest), jars=None if args.no_fetch else fetch,
+                              ivy_settings=Path(args.cache) / "ivysettings.xml")
             sys.stdout.write("".join(a + "\0" for a in out))
     except DeltabusError as e:
         print(f"deltabus: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _engine_setting(args: Sequence[str]) -> str:
+    """The engine the job's settings name: its own ``--conf FILE`` (deltabus's flag, after the
+    application), else conf/deltabus.conf, each under DELTABUS_<NAME>. Settings that do not
+    load count as "auto": the job itself reports them, in its own words."""
+    from .. import config
+    from ..errors import DeltabusError
+
+    app = SubmitLine.split(args).application
+    path: str | None = None
+    for i, a in enumerate(app):
+        if a == "--conf" and i + 1 < len(app):
+            path = app[i + 1]
+        elif a.startswith("--conf="):
+            path = a.split("=", 1)[1]
+    try:
+        return config.load(path or config.default_path()).engine
+    except DeltabusError:
+        return "auto"
 
 
 if __name__ == "__main__":  # pragma: no cover
