@@ -14,7 +14,8 @@ from deltabus.push import runner
 from tests.conftest import requires_delta
 from tests.endpoints import Endpoint
 
-pytestmark = pytest.mark.spark
+# The cluster-engine group (./run-tests.sh -m cluster): minutes of delta-spark micro-batches here.
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
 
 def _settings(warehouse: str) -> config.Settings:

@@ -34,7 +34,8 @@ from tests.conftest import ROOT, ManualClock, requires_delta
 from tests.endpoints import Endpoint
 from tests.integration import _mixed_workers as workers
 
-pytestmark = pytest.mark.spark
+# The cluster-engine group (./run-tests.sh -m cluster, run by .ci/run): each test runs for minutes here.
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
 LONG_DEADLINE = 60  # s: longer than a run, so a second delivery of a message could only be a lost ack or a lease granted twice
 PULL_DEADLINE = 20  # s: the pullers' leases; nacked messages come back at once

@@ -89,6 +89,7 @@ def test_readme_first_command_runs_the_job(readme_run):
     readme_run.result("test_readme_first_command_runs_the_job")
 
 
+@pytest.mark.cluster  # the cluster-engine group: a delta-spark quickstart costs minutes here
 def test_quickstart_on_delta_spark_through_spark_submit(tmp_path):
     """./spark-submit.sh jobs/quickstart.py --engine delta-spark: the script adds the Delta jars
     and session settings, and every step (clients and the push job) runs on delta-spark."""

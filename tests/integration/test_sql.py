@@ -263,6 +263,7 @@ def _plan(df) -> str:
     return df._jdf.queryExecution().executedPlan().toString()
 
 
+@pytest.mark.cluster  # the cluster-engine group: minutes of delta-spark reads here
 def test_on_delta_spark_the_views_read_through_sparks_delta_reader(spark, pub, sub, topic, subscription, warehouse):
     """With the Delta jars the views are Spark's own Delta scans (not the delta-rs Python
     source), and they answer exactly what the delta-rs reader answers over the same tables."""

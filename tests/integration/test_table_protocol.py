@@ -85,6 +85,7 @@ def test_delta_spark_creates_the_pinned_protocol_and_properties(spark, delta_spa
     assert protocols(delta_spark_tables) == PINNED
 
 
+@pytest.mark.cluster  # the cluster-engine group: minutes of delta-spark writes here
 def test_each_engine_writes_and_reads_tables_the_other_created(spark, delta_spark_tables, tmp_path):
     requires_delta(spark)
     by_spark = copy_of(delta_spark_tables, tmp_path, "by-spark")
@@ -106,6 +107,7 @@ def test_each_engine_writes_and_reads_tables_the_other_created(spark, delta_spar
     assert protocols(by_rs) == PINNED
 
 
+@pytest.mark.cluster  # the cluster-engine group
 def test_each_engine_reads_state_only_the_other_engines_checkpoint_holds(spark, delta_spark_tables, tmp_path):
     requires_delta(spark)
     warehouse = copy_of(delta_spark_tables, tmp_path, "w")
