@@ -305,13 +305,9 @@ def publish(batches: int, scratch: Path) -> dict[str, Any]:
 def delta_jars() -> list[str]:
     """The Delta jars of the delta-spark engine (conf/deltabus.conf's ``[delta-spark] package``),
     fetched once into the checkout's build/delta-jars, exactly as tests/conftest.py does."""
-    from deltabus import config
-    from deltabus.spark.delta_jars import Package, resolve
+    from deltabus.spark.delta_jars import pinned_jars
 
-    package = Package.parse(config.delta_package(config.default_path()))
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    jars = resolve(package, ROOT / "build" / "delta-jars", spark_submit=str(Path(sys.executable).parent / "spark-submit"), env=env)
-    return [str(j) for j in jars]
+    return [str(j) for j in pinned_jars(ROOT / "build" / "delta-jars", sys.executable, os.environ)]
 
 
 def _puller_client(wh: str, engine: BenchEngine, jars: Sequence[str]) -> Any:

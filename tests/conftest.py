@@ -79,14 +79,11 @@ def _delta_jars() -> tuple[list[str], str | None]:
     """The Delta jars for the tests' SparkSession, fetched on first use into build/delta-jars
     exactly as ./spark-submit.sh does (``deltabus.spark.delta_jars``), and None; or no jars
     and the reason (a machine that reaches no registry): delta-spark cases then skip with it."""
-    from deltabus import config
     from deltabus.errors import DeltabusError
-    from deltabus.spark.delta_jars import Package, resolve
+    from deltabus.spark.delta_jars import pinned_jars
 
-    package = Package.parse(config.delta_package(config.default_path()))
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     try:
-        jars = resolve(package, ROOT / "build" / "delta-jars", spark_submit=str(Path(sys.executable).parent / "spark-submit"), env=env)
+        jars = pinned_jars(ROOT / "build" / "delta-jars", sys.executable, os.environ)
     except DeltabusError as e:
         return [], f"delta-spark cannot run on this machine: {e}"
     return [str(j) for j in jars], None

@@ -168,6 +168,18 @@ def resolve(
     raise FailedPrecondition(f"[delta-spark] package: could not fetch {package} and its dependencies: {tried}")
 
 
+def pinned_jars(cache_dir: str | os.PathLike[str], python: str, env: Mapping[str, str]) -> list[Path]:
+    """The jars of the package pinned in the settings file (``[delta-spark] package``), fetched
+    once into `cache_dir` with the spark-submit beside `python` (a venv's interpreter), which
+    also runs Spark's Python; `env` is the rest of its environment. For programs that build
+    their own SparkSession (the tests, the bench's pullers) instead of using spark-submit.sh."""
+    from .. import config
+
+    package = Package.parse(config.delta_package(config.default_path()))
+    spark_env = {**env, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
+    return resolve(package, cache_dir, spark_submit=str(Path(python).parent / "spark-submit"), env=spark_env)
+
+
 def _run(cmd: Sequence[str], cwd: Path, env: Mapping[str, str] | None, timeout: float) -> None:
     try:
         proc = subprocess.run(list(cmd), cwd=cwd, env=None if env is None else dict(env), capture_output=True,
