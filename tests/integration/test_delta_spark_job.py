@@ -23,7 +23,10 @@ def _settings(warehouse: str) -> config.Settings:
 
 
 def _offset_logs(checkpoint: Path) -> list[Path]:
-    return sorted((checkpoint / "offsets").iterdir(), key=lambda p: int(p.name)) if (checkpoint / "offsets").is_dir() else []
+    """The offset logs (files named by batch id; Spark's checksum files, ``.N.crc``, left out)."""
+    if not (checkpoint / "offsets").is_dir():
+        return []
+    return sorted((p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
 def test_delta_spark_stream_reads_the_change_feed_and_restarts_from_its_checkpoint(spark, pub, psub, topic, warehouse):
