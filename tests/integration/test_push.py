@@ -296,6 +296,38 @@ def test_a_replayed_batch_is_skipped(spark, pub, psub, topic, warehouse, engine)
         assert len(ep.snapshot()) == 1
 
 
+def test_a_batch_catching_up_a_backlog_leases_nothing_and_leases_then_count_from_the_commit(spark, pub, psub, topic, warehouse):
+    import pyarrow.compute as pc
+
+    from deltabus.policy.lease_start import FANOUT_LIMIT
+    from deltabus.push.job import DeliveryJob
+    from deltabus.storage.tables import DELIVERIES
+
+    with Endpoint() as ep:
+        s = psub.subscription_path("local", "catching-up")
+        psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url}, ack_deadline_seconds=30)
+        for start in range(0, FANOUT_LIMIT + 1, 1000):
+            pub.publish_batch(topic, [{"data": b"x"}] * min(1000, FANOUT_LIMIT + 1 - start))
+        job = DeliveryJob(spark, settings(warehouse))
+        try:
+            first = job.process(None, 1)
+            assert first.fanned_out == FANOUT_LIMIT + 1 and first.delivered == 0  # its commit would eat the leases
+            extra = job.commit_times.allowance(30)
+            assert extra > 0  # the first commit was timed
+            before = time.time()
+            second = job.process(None, 2)
+            assert second.delivered > 0
+            leased = job.engine.snapshot(DELIVERIES.name).read(
+                columns=["lease_expires"], filter=pc.field("delivery_attempt") == 1
+            )
+            ends = [t.timestamp() for t in leased["lease_expires"].to_pylist()]
+            assert len(ends) == second.delivered
+            assert min(ends) >= before + 30 + extra - 0.001  # the ack deadline, plus the commit's time
+            job.drain()
+        finally:
+            job.close()
+
+
 def test_subscriptions_created_and_deleted_while_the_job_runs(spark, pub, psub, topic, warehouse):
     import threading
 

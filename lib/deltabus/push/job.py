@@ -20,6 +20,10 @@ Every micro-batch (``DeliveryJob.on_batch``, the foreachBatch handler; ``process
 5. the ``backlog`` table is rewritten every ``backlog_interval`` seconds
    (``BacklogRefresher``), which also tells whether the job is idle.
 
+A lease runs for its ack deadline plus the time the job's recent commits took, so it counts
+from when its push can go out, as Pub/Sub's does; a batch that fans out a large backlog
+grants none (``policy/lease_start.py``).
+
 Leases are committed before anything is pushed: if the job dies at any point, the
 leased messages come back when their deadline passes. No acked message is pushed
 again on purpose and no unacked message is lost.
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import pyarrow as pa
 
 from ..config import Settings
+from ..policy.lease_start import FANOUT_LIMIT, CommitTimes
 from ..policy.pacing import CommitPacing
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, Snapshot, open_engine
@@ -125,6 +130,7 @@ class DeliveryJob:
         self._clock = clock
         self.book = OutcomeLedger(self.registry.subscriptions, clock=clock, rand=rand)
         self.pacer = CommitPacer(pacing, clock())
+        self.commit_times = CommitTimes()  # how long this job's commits take: leases start after them
         self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=clock)
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
@@ -188,11 +194,14 @@ class DeliveryJob:
         subs = self.push_subscriptions(records)
         report.push_subscriptions = len(subs)
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
+        began = time.monotonic()
         result = self.engine.transact(
             DELIVERIES.name, lambda snap: self._plan(snap, subs, merging, rows, budget, batch_id), what=f"push batch {batch_id}"
         )
+        if result.committed:
+            self.commit_times.add(time.monotonic() - began)
         report.fanned_out = result.fanned_out
-        report.delivered = self._launch(subs, result.leases, result.leased_at)
+        report.delivered = self._launch(subs, result.leases, result.leased_at, result.lease_expires)
         self.book.settle(subs)
         quiet = self.unsettled() == 0 and report.delivered == 0 and not merging and not result.fanned_out
         # Idleness is only ever judged on a backlog computed in this very batch.
@@ -227,10 +236,11 @@ class DeliveryJob:
         for uid, rec in subs.items():
             room = self.book.room(uid, now, remaining)
             remaining -= room
-            plans.append(plan.SubPlan(rec, room, self.book.exclusions(uid, merging)))
+            lease = rec.ack_deadline_seconds + self.commit_times.allowance(rec.ack_deadline_seconds)
+            plans.append(plan.SubPlan(rec, room, self.book.exclusions(uid, merging), lease))
         return plan.execute(
             self.engine, snap, plans, merging, rows.rows, rows.first, rows.last, now=now,
-            batch_txn=(self.app_id, batch_id) if batch_id is not None else None,
+            batch_txn=(self.app_id, batch_id) if batch_id is not None else None, lease_fanout_limit=FANOUT_LIMIT,
         )
 
     def _collect(self, wait: bool = False) -> Collected | None:
@@ -247,6 +257,7 @@ class DeliveryJob:
             # sent, so after the longest deadline in flight (plus a grace for reporting) every
             # push has an outcome. `within` caps that wait; `hurry` ends it.
             longest = self.book.longest_deadline_in_flight(self.registry.subscriptions().values())
+            longest += self.commit_times.allowance(longest)  # leases run that much longer
             bound = longest + DRAIN_GRACE if within is None else min(within, longest + DRAIN_GRACE)
             if not self._pool.wait_settled(bound, cancel=hurry):
                 self._pool.stop_handing_out()
@@ -254,11 +265,17 @@ class DeliveryJob:
                          self._pool.outstanding())
         return self._pool.collect()
 
-    def _launch(self, subs: Mapping[str, SubscriptionRecord], leases: Mapping[str, list[tuple[str, int]]], leased_at: float) -> int:
+    def _launch(
+        self,
+        subs: Mapping[str, SubscriptionRecord],
+        leases: Mapping[str, list[tuple[str, int]]],
+        leased_at: float,
+        lease_expires: Mapping[str, float],
+    ) -> int:
         """Queue the leases' requests for the push workers (started on first use); how many."""
         sent = 0
         for uid, items in leases.items():
-            table = self.requests.build(subs[uid], items, leased_at)
+            table = self.requests.build(subs[uid], items, leased_at, lease_expires.get(uid))
             if table.num_rows == 0:
                 continue
             if self._pool is None:

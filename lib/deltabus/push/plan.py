@@ -33,6 +33,13 @@ class SubPlan:
     sub: SubscriptionRecord
     room: int  # leases allowed now (window room, 0 while in backoff)
     exclude: frozenset[str] = frozenset()  # message ids in flight or with an outcome now
+    # How long its leases run from `now`: the ack deadline, plus the time the commit takes
+    # (policy/lease_start.py); None = the ack deadline.
+    lease_seconds: float | None = None
+
+    @property
+    def lease_length(self) -> float:
+        return float(self.sub.ack_deadline_seconds) if self.lease_seconds is None else self.lease_seconds
 
 
 @dataclass(slots=True)
@@ -41,6 +48,7 @@ class PlanResult:
     fanned_out: int = 0
     committed: bool = False
     leased_at: float = 0.0  # the `now` the leases' deadlines count from
+    lease_expires: dict[str, float] = field(default_factory=dict)  # sub_uid -> when its new leases end
 
 
 def execute(
@@ -54,27 +62,37 @@ def execute(
     *,
     now: float,
     batch_txn: tuple[str, int] | None,
+    lease_fanout_limit: int | None = None,
 ) -> PlanResult:
     """Build and commit the batch's single MERGE. `outcomes`: sub_uid -> (acks, nacks) tables
     of (message_id, delivery_attempt). `batch`: the stream's rows (topic_uid, message_id,
     publish_time, ordering_key, size_bytes, version) of messages versions first..last.
     Called inside ``engine.transact``: a conflict reruns it. Writes nothing when there is
-    nothing to write; commits the txns alone when only cursors (or the batch) move."""
+    nothing to write; commits the txns alone when only cursors (or the batch) move.
+    A batch fanning out more than `lease_fanout_limit` rows in all grants no leases
+    (policy/lease_start.py: such a commit would eat them)."""
     parts: list[pa.Table] = []
     txns: list[tuple[str, int]] = []
     result = PlanResult(leased_at=now)
     hooks: dict[str, DeliveryHooks] = {}
+    fans = []
     for plan in plans:
+        policy = hooks[plan.sub.sub_uid] = hooks_for(plan.sub)
+        fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep))
+    fanning = sum(f.rows.num_rows for f in fans)
+    leasing = lease_fanout_limit is None or fanning <= lease_fanout_limit
+    for plan, fan in zip(plans, fans):
         sub = plan.sub
         uid = sub.sub_uid
-        policy = hooks[uid] = hooks_for(sub)
-        fan = from_batch(engine, snap, sub, batch, first, last, keep=policy.keep)
+        policy = hooks[uid]
+        room = plan.room if leasing else 0
         txns.extend(fan.txns(uid))
-        available = read_available(snap, uid, now, plan.room, plan.exclude)  # empty, reading nothing, when room <= 0
-        chosen = select(uid, available, fan.rows, plan.room, to_us(now + sub.ack_deadline_seconds), policy)
+        available = read_available(snap, uid, now, room, plan.exclude)  # empty, reading nothing, when room <= 0
+        chosen = select(uid, available, fan.rows, room, to_us(now + plan.lease_length), policy)
         parts.extend(chosen.parts)
         if chosen.leases:
             result.leases[uid] = [(lease.message_id, lease.delivery_attempt) for lease in chosen.leases]
+            result.lease_expires[uid] = now + plan.lease_length
         result.fanned_out += chosen.inserted
     for uid, (acks, nacks) in outcomes.items():
         if acks.num_rows:

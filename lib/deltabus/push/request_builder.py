@@ -50,9 +50,13 @@ class RequestBuilder:
                 self._tokens = TokenSource(SigningKey(self._keys_path), issuer=self._issuer, clock=self._clock)
             return self._tokens
 
-    def build(self, rec: SubscriptionRecord, leases: Sequence[tuple[str, int]], leased_at: float) -> pa.Table:
+    def build(
+        self, rec: SubscriptionRecord, leases: Sequence[tuple[str, int]], leased_at: float, lease_expires: float | None = None
+    ) -> pa.Table:
         """The push requests (REQUEST_SCHEMA) of `rec`'s leases, given as (message_id,
-        delivery_attempt), leased at `leased_at` (seconds since the epoch)."""
+        delivery_attempt), leased at `leased_at` (seconds since the epoch) until
+        `lease_expires` (default: one ack deadline later)."""
+        ends = leased_at + rec.ack_deadline_seconds if lease_expires is None else lease_expires
         ids = pa.array([m for m, _ in leases], pa.string())
         payloads = read_payloads(self._engine, rec.topic_uid, ids)
         at = pc.index_in(ids, value_set=payloads["message_id"])
@@ -86,6 +90,6 @@ class RequestBuilder:
             "attributes": rows["attributes"],
             "ordering_key": pc.fill_null(rows["ordering_key"], ""),
             "publish_time": rows["publish_time"],
-            "lease_expires": same(to_us(leased_at + rec.ack_deadline_seconds), pa.int64()),
+            "lease_expires": same(to_us(ends), pa.int64()),
         }
         return pa.table({k: columns[k] for k in REQUEST_SCHEMA.names}).cast(REQUEST_SCHEMA)
