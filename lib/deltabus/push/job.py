@@ -12,7 +12,8 @@ Every micro-batch (``DeliveryJob.on_batch``, the foreachBatch handler; ``process
    the subscription point holds), applies the held acks (delete) and nacks, and leases
    what is due (new, nacked, or past its ack deadline) within each window and outside
    backoff. The commit carries the application transaction (job, batch id);
-4. the new leases' requests (``RequestBuilder``) are queued for the push workers:
+4. the new leases' requests (``RequestBuilder``) are queued for the push workers (started
+   with the first batch that sees a push subscription):
    long-lived tasks on the executors (``pool.PushPool``) that POST them and report each
    outcome back, to be folded in by a later batch. Each worker caps what it holds per
    subscription, so a slow endpoint (an ack deadline of up to 600 s) never holds back
@@ -134,7 +135,7 @@ class DeliveryJob:
         self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=clock)
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
-        self._pool: PushPool | None = None  # started with the first pushes
+        self._pool: PushPool | None = None  # started with the first push subscription
         self.checkpoint = checkpoint_for(settings.checkpoint_path, self.engine.name)
         self.app_id = app_id_for(self.checkpoint)
         self.idle = False
@@ -193,6 +194,8 @@ class DeliveryJob:
         merging = self.book.take_held(s.sub_uid for s in records.values())
         subs = self.push_subscriptions(records)
         report.push_subscriptions = len(subs)
+        if subs:
+            self._start_pool()
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
         began = time.monotonic()
         result = self.engine.transact(
@@ -278,12 +281,20 @@ class DeliveryJob:
             table = self.requests.build(subs[uid], items, leased_at, lease_expires.get(uid))
             if table.num_rows == 0:
                 continue
-            if self._pool is None:
-                self._pool = PushPool(self.spark, workers=self.settings.delivery_partitions)
+            pool = self._start_pool()
             self.book.pushed(uid, table["message_id"].to_pylist(), leased_at)
             sent += table.num_rows
-            self._pool.submit(uid, table)
+            pool.submit(uid, table)
         return sent
+
+    def _start_pool(self) -> PushPool:
+        """The push workers, started once there is a push subscription: before the batch
+        that grants their first leases, so their Spark job (task launch, Python workers)
+        starts while that batch commits, not after, and the first leases do not spend
+        their deadline waiting for it."""
+        if self._pool is None:
+            self._pool = PushPool(self.spark, workers=self.settings.delivery_partitions)
+        return self._pool
 
     def refresh_backlog(self, force: bool = False) -> bool:
         """Rewrite the backlog table now if due (or `force`); whether it did."""
