@@ -31,7 +31,7 @@ MARGIN = 1.5
 FANOUT_LIMIT = 5_000
 
 
-def allowance(recent: Iterable[float], deadline: float) -> float | None:
+def allowance(recent: Iterable[float], deadline: float) -> float:
     """Seconds added to a lease of `deadline` seconds, given the durations of recent commits
     (none timed yet: 0)."""
     times = list(recent)

@@ -260,8 +260,8 @@ class DeliveryJob:
             # sent, so after the longest deadline in flight (plus a grace for reporting) every
             # push has an outcome. `within` caps that wait; `hurry` ends it.
             longest = self.book.longest_deadline_in_flight(self.registry.subscriptions().values())
-            longest += self.commit_times.allowance(longest)  # leases run that much longer
-            bound = longest + DRAIN_GRACE if within is None else min(within, longest + DRAIN_GRACE)
+            lease = longest + self.commit_times.allowance(longest)  # leases run that much longer
+            bound = lease + DRAIN_GRACE if within is None else min(within, lease + DRAIN_GRACE)
             if not self._pool.wait_settled(bound, cancel=hurry):
                 self._pool.stop_handing_out()
                 log.info("stopped waiting for %d pushes in flight; their leases expire and they are redelivered",

@@ -1,10 +1,20 @@
-"""The cluster engine: MERGE, reads and appends through delta-spark, distributed by Spark.
+"""The cluster engine: MERGEs, appends and deletes through delta-spark, distributed by Spark.
 
 Used where the Delta JVM classes (``io.delta:delta-spark``) are on Spark's classpath.
 Tables are the same Delta tables the embedded engine writes (created with the same
 schemas, partitioning, properties and protocol: reader 1, writer 2, or 4 with change data
 feed, no table features; see ``creation_properties``), so a warehouse can move between
 engines, and pull clients outside Spark keep using delta-rs on it.
+
+*Reads.* Every commit is Spark's; the delivery core's small reads of one pinned version
+(the rows a pull may lease, the current state of the ids an ack names, a cursor's new
+messages in the change feed) go through delta-rs, over the same log handle the snapshot
+already holds for its version, and open only the files that can match. Measured here on
+2 cores, a delta-spark pull of 50 messages spent 3-8 s of its 6-15 s in Spark reads at a
+pinned version (``versionAsOf`` rebuilds that version's state in Spark jobs on every
+read); through delta-rs the same reads take milliseconds. Where Spark reads a table
+itself, it reads it with its own Delta reader: the push job's stream
+(``readStream.format("delta")`` with the change feed) and the SQL views.
 
 Two things delta-spark's public API does not offer, and how this engine makes up for it:
 
@@ -48,8 +58,8 @@ import pyarrow.compute as pc
 from ..config import ConcreteEngine
 from ..errors import Aborted
 from ..policy.backoff import Backoff
-from .arrow import plain
-from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
+from .delta_rs import DeltaRsSnapshot
+from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, literal, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -129,13 +139,12 @@ class DeltaSparkSnapshot:
         self._uri = engine.table_uri(spec.name)
         self._version = log_handle.version()
         self._committed = False
+        # Reads at this version, through delta-rs on the same handle (see the module docstring).
+        self._reader = DeltaRsSnapshot(spec, log_handle, self._uri)
 
     @property
     def version(self) -> int:
         return self._version
-
-    def _frame(self) -> "DataFrame":
-        return self._spark.read.format("delta").option("versionAsOf", self._version).load(self._uri)
 
     def _partition_sql(self, partition: str | None) -> str | None:
         if partition is None:
@@ -151,23 +160,10 @@ class DeltaSparkSnapshot:
         filter: pc.Expression | None = None,
         prune: str | None = None,
     ) -> pa.Table:
-        df = self._frame()
-        for predicate in (self._partition_sql(partition), prune):
-            if predicate:
-                df = df.where(predicate)  # partition pruning and data skipping on file stats
-        # `filter` may name columns outside `columns` (as delta-rs's dataset filter does): with
-        # one, every column is read, filtered, and only then projected.
-        if columns and filter is None:
-            df = df.select(*columns)
-        table = plain(df.toArrow())
-        if filter is not None:
-            table = table.filter(filter)
-            if columns:
-                table = table.select(list(columns))
-        return table.cast(self._schema(columns))
+        return self._reader.read(columns, partition, filter, prune)
 
     def file_stats(self, partition: str | None = None) -> pa.Table:
-        return partition_files(self._log.get_add_actions(flatten=True), self._spec.partition_column, partition)
+        return self._reader.file_stats(partition)
 
     def read_first(
         self,
@@ -178,14 +174,7 @@ class DeltaSparkSnapshot:
         filter: pc.Expression | None = None,
         skip_files: Callable[[pa.Table], pa.Array] | None = None,
     ) -> pa.Table:
-        """Spark skips files by the partition and its own statistics; the rest is done here."""
-        cols = list(dict.fromkeys([*columns, *(k for k, _ in sort_keys)]))
-        return first_rows(self.read(columns=cols, partition=partition, filter=filter), limit, sort_keys).select(list(columns))
-
-    def _schema(self, columns: Sequence[str] | None) -> pa.Schema:
-        schema = self._spec.schema
-        names = list(columns) if columns else schema.names
-        return pa.schema([pa.field(n, schema.field(n).type) for n in names])
+        return self._reader.read_first(limit, sort_keys, columns, partition, filter, skip_files)
 
     def _claim(self, partitions: Sequence[str] | None = None, app_ids: Sequence[str] = ()) -> None:
         """Refuse a second write, and a write on what moved since the snapshot.
@@ -266,19 +255,7 @@ class DeltaSparkSnapshot:
 
     def changes(self, start: int, end: int, columns: Sequence[str], partition: str | None = None) -> pa.Table:
         """Rows inserted in versions start..end (inclusive), with ``_commit_version``, from the change feed."""
-        df = (
-            self._spark.read.format("delta")
-            .option("readChangeFeed", "true")
-            .option("startingVersion", start)
-            .option("endingVersion", end)
-            .load(self._uri)
-            .where("_change_type = 'insert'")
-        )
-        predicate = self._partition_sql(partition)
-        if predicate:
-            df = df.where(predicate)
-        table = plain(df.select(*columns, "_commit_version").toArrow())
-        return table.cast(pa.schema([*self._schema(columns), pa.field("_commit_version", pa.int64())]))
+        return self._reader.changes(start, end, columns, partition)
 
 
 def moved(before: "RsTable", after: "RsTable", column: str, partitions: Sequence[str], app_ids: Sequence[str]) -> bool:
