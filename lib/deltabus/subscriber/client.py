@@ -153,8 +153,11 @@ class SubscriberClient(ClientBase):
         subscription: Subscription | Mapping[str, Any] | None = None,
         update_mask: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     ) -> Subscription:
-        """Change the fields named in update_mask (the updatable ones: ack_deadline_seconds,
-        push_config, labels; see ``subscription_fields.UPDATABLE``)."""
+        """Change the fields named in update_mask (the updatable ones, as Pub/Sub's:
+        ack_deadline_seconds, push_config, labels, retry_policy, dead_letter_policy; see
+        ``subscription_fields.UPDATABLE``). A path whose field the subscription leaves unset
+        (None) clears it: ``retry_policy`` or ``dead_letter_policy`` then means no policy.
+        ``filter`` and ``enable_message_ordering`` are fixed at creation."""
         f = fields("update_subscription", request, {"subscription", "update_mask"}, subscription=subscription, update_mask=update_mask)
         raw = required(f, "subscription", "update_subscription")
         mask = required(f, "update_mask", "update_subscription")
