@@ -13,13 +13,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..registry import SubscriptionRecord
+from .retry_delay import due_hook, nack_hook
 
 # rows (FANOUT_COLUMNS) -> boolean mask: True = fan out; False = acked at once (never inserted).
 FanoutFilter = Callable[[pa.Table], pa.Array]
 # (rows nacked: message_id, delivery_attempt; now in seconds) -> lease_expires (us) per row.
 RetryDelay = Callable[[pa.Table, float], pa.Array]
+# now in seconds -> the filter of the deliveries rows due (available to lease) at now.
+DueFilter = Callable[[float], pc.Expression]
 # (available rows: STATE_COLUMNS, new messages: FANOUT_COLUMNS; each in lease order) ->
 # (mask over available, mask over new): True = may be leased now.
 Eligibility = Callable[[pa.Table, pa.Table], tuple[pa.Array, pa.Array]]
@@ -34,6 +38,9 @@ class DeliveryHooks:
     - ``keep``: the subscription's filter (issue 13); default keeps every message.
     - ``retry_delay``: the lease_expires a nack gets; default the NACKED sentinel
       (available again at once, told apart from a lease that ran out).
+    - ``due``: which rows lease selection may take at ``now``; default never delivered,
+      nacked, or past their deadline (``selection.available_filter``). With a retry policy
+      a nacked or expired row waits its delay (``retry_delay.due_hook``).
     - ``eligible``: which candidates may be leased now, e.g. one outstanding message per
       ordering key; default all.
     - ``give_up``: which candidates reached the delivery-attempt limit and leave the
@@ -42,6 +49,7 @@ class DeliveryHooks:
 
     keep: FanoutFilter | None = None
     retry_delay: RetryDelay | None = None
+    due: DueFilter | None = None
     eligible: Eligibility | None = None
     give_up: AttemptLimit | None = None
 
@@ -50,5 +58,11 @@ DEFAULT_HOOKS = DeliveryHooks()
 
 
 def hooks_for(sub: SubscriptionRecord) -> DeliveryHooks:
-    """The hooks of one subscription (today the defaults for every subscription)."""
-    return DEFAULT_HOOKS
+    """The hooks of one subscription: each policy it carries sets its own; the rest keep
+    the defaults (a subscription with no policy gets ``DEFAULT_HOOKS`` itself)."""
+    retry = sub.retry_policy
+    hooks = DeliveryHooks(
+        retry_delay=None if retry is None else nack_hook(retry),
+        due=None if retry is None else due_hook(retry),
+    )
+    return DEFAULT_HOOKS if hooks == DEFAULT_HOOKS else hooks

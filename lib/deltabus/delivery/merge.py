@@ -7,6 +7,19 @@ one subscription conflict in Delta and one reruns from a fresh snapshot). The fa
 cursors and any other application transactions commit in the same MERGE. Deciding is
 not done here: the source rows come from the pure functions of ``selection`` and
 ``outcomes``; ``commit`` only writes them.
+
+Nacked rows. ``lease_expires`` at or below ``NACKED_SQL`` (1 us after the epoch) marks a
+nacked delivery; the DEADLINE clause applies only above it, so a deadline extension racing
+a nack can never lease the nacked message again. A nack under a retry policy (issue 13)
+keeps that rule exactly: it stores the NEGATED time the message is due again
+(``delayed_nack_us``), which is still below the mark, so the same clause refuses it, and
+selection reads the due time back (``delivery/retry_delay.py``). The plain NACKED sentinel
+(0) is the special case "due at the epoch", that is at once. Chosen over a due time in the
+future (which the DEADLINE clause could not tell from a live lease) and over a new column
+(a schema version of the deliveries table, and a migration, for one bit). Readers of
+leases need no change: the ``deliveries`` SQL view calls anything before 1970-01-02
+nacked, and the backlog counts a row outstanding only while its lease_expires is after
+now, so a delayed nack shows as nacked, never as outstanding.
 """
 
 from __future__ import annotations
@@ -26,6 +39,14 @@ from .model import Op
 # be told apart from a lease that merely ran out.
 NACKED_US = 0
 NACKED_SQL = "CAST('1970-01-01T00:00:00.000001Z' AS TIMESTAMP)"
+# The largest lease_expires (us) that still marks a nacked row (NACKED_SQL).
+NACKED_MAX_US = 1
+
+
+def delayed_nack_us(due_us: pa.Array) -> pa.Array:
+    """lease_expires (int64 us) of nacks due again at `due_us` (us since the epoch, > 0):
+    the negated due time, at or below the nacked mark (see the module docstring)."""
+    return pc.negate(due_us.cast(pa.int64()))
 
 _MATCHES = "t.delivery_attempt = s.delivery_attempt"
 

@@ -48,7 +48,7 @@ def pull(
     def fn(snap: Snapshot) -> list[Lease]:
         now = clock()
         fan = from_change_feed(engine, snap, sub, keep=policy.keep)
-        available = read_available(snap, uid, now, max_messages)
+        available = read_available(snap, uid, now, max_messages, due=policy.due)
         if available.num_rows == 0 and fan.rows.num_rows == 0:
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from ..storage import Snapshot
 from ..storage.tables import DELIVERIES
 from ..timestamps import TS, ts_scalar
-from .hooks import DEFAULT_HOOKS, DeliveryHooks
+from .hooks import DEFAULT_HOOKS, DeliveryHooks, DueFilter
 from .merge import source_rows
 from .model import Lease, Op
 
@@ -51,16 +51,26 @@ def empty_available() -> pa.Table:
     return pa.schema([DELIVERIES.schema.field(c) for c in STATE_COLUMNS]).empty_table()
 
 
-def read_available(snap: Snapshot, sub_uid: str, now: float, limit: int, exclude: frozenset[str] = frozenset()) -> pa.Table:
+def read_available(
+    snap: Snapshot,
+    sub_uid: str,
+    now: float,
+    limit: int,
+    exclude: frozenset[str] = frozenset(),
+    due: DueFilter | None = None,
+) -> pa.Table:
     """The first `limit` deliveries available at `now` that are not in `exclude`, oldest
     messages first (STATE_COLUMNS); reads only the files that can hold them. With
-    ``limit <= 0`` it reads nothing and returns no rows (callers need no guard)."""
+    ``limit <= 0`` it reads nothing and returns no rows (callers need no guard). `due` is
+    the subscription's ``DeliveryHooks.due`` (a retry policy's waits); None: the default
+    ``available_filter``. Either way a file whose every lease runs past `now` is skipped
+    (a policy only ever narrows what is due)."""
     if limit <= 0:
         return empty_available()
     # Excluded (in-flight) ids are leased, so rarely available; read enough to cover them anyway.
     rows = snap.read_first(
         limit + len(exclude), AVAILABLE_ORDER, STATE_COLUMNS, partition=sub_uid,
-        filter=available_filter(now), skip_files=leased_files(now),
+        filter=available_filter(now) if due is None else due(now), skip_files=leased_files(now),
     )
     if exclude and rows.num_rows:
         rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], pa.array(list(exclude), pa.string()))))

@@ -70,7 +70,7 @@ def execute(
         policy = hooks[uid] = hooks_for(sub)
         fan = from_batch(engine, snap, sub, batch, first, last, keep=policy.keep)
         txns.extend(fan.txns(uid))
-        available = read_available(snap, uid, now, plan.room, plan.exclude)  # empty, reading nothing, when room <= 0
+        available = read_available(snap, uid, now, plan.room, plan.exclude, due=policy.due)  # empty, reading nothing, when room <= 0
         chosen = select(uid, available, fan.rows, plan.room, to_us(now + sub.ack_deadline_seconds), policy)
         parts.extend(chosen.parts)
         if chosen.leases:

@@ -1,0 +1,106 @@
+"""A subscription's retry policy on real Delta tables (issue 13): pull with an injected clock.
+
+A nacked or expired message is due again only after delay(attempt) (policy/retry.py); no
+policy means at once, as before. Short backoffs (fractions of a second) keep these fast.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from deltabus import SubscriberClient
+from deltabus.types import RetryPolicy
+from tests.conftest import ManualClock
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(time.time())
+
+
+@pytest.fixture
+def csub(warehouse, clock):
+    client = SubscriberClient(warehouse=warehouse, clock=clock)
+    yield client
+    client.close()
+
+
+def make(csub: SubscriberClient, topic: str, name: str, policy: RetryPolicy | None, deadline: int = 10) -> str:
+    path = csub.subscription_path("local", name)
+    csub.create_subscription(request={"name": path, "topic": topic, "retry_policy": policy, "ack_deadline_seconds": deadline})
+    return path
+
+
+def pull(client, subscription):
+    return client.pull(subscription=subscription, max_messages=10, return_immediately=True).received_messages
+
+
+def nack(client, subscription, received):
+    client.modify_ack_deadline(subscription=subscription, ack_ids=[r.ack_id for r in received], ack_deadline_seconds=0)
+
+
+def test_a_nacked_message_waits_a_delay_growing_with_its_attempts(pub, csub, clock, topic):
+    s = make(csub, topic, "retry-nack", RetryPolicy(1, 3))
+    pub.publish_batch(topic, [{"data": b"x"}])
+    for attempt, wait in [(1, 1.0), (2, 2.0), (3, 3.0), (4, 3.0)]:
+        (got,) = pull(csub, s)
+        assert got.delivery_attempt == attempt
+        nack(csub, s, [got])
+        clock.advance(wait - 0.01)
+        assert pull(csub, s) == [], f"attempt {attempt}: redelivered before its {wait} s delay"
+        clock.advance(0.01)
+    (last,) = pull(csub, s)
+    assert last.delivery_attempt == 5
+    csub.acknowledge(subscription=s, ack_ids=[last.ack_id])
+    assert pull(csub, s) == []
+
+
+def test_an_expired_lease_also_waits_the_delay(pub, csub, clock, topic):
+    s = make(csub, topic, "retry-expiry", RetryPolicy(2, 600), deadline=10)
+    pub.publish_batch(topic, [{"data": b"x"}, {"data": b"y"}])
+    first = pull(csub, s)
+    assert len(first) == 2
+    clock.advance(10 + 1.99)  # the lease ran out 1.99 s ago
+    assert pull(csub, s) == []
+    clock.advance(0.01)
+    again = pull(csub, s)
+    assert sorted(r.delivery_attempt for r in again) == [2, 2]
+    clock.advance(10 + 3.99)  # attempt 2's delay is 4 s
+    assert pull(csub, s) == []
+    clock.advance(0.01)
+    assert sorted(r.delivery_attempt for r in pull(csub, s)) == [3, 3]
+
+
+def test_without_a_policy_redelivery_is_immediate(pub, csub, clock, topic):
+    s = make(csub, topic, "no-retry", None, deadline=10)
+    pub.publish_batch(topic, [{"data": b"x"}, {"data": b"y"}])
+    a, b = pull(csub, s)
+    nack(csub, s, [a])
+    assert [r.delivery_attempt for r in pull(csub, s)] == [2]  # at once
+    clock.advance(10)
+    assert sorted(r.message.data for r in pull(csub, s)) == [b"x", b"y"]  # expiry: at once too
+
+
+def test_an_extension_racing_a_delayed_nack_does_not_lease_the_message_again(pub, csub, clock, topic):
+    s = make(csub, topic, "retry-race", RetryPolicy(1, 1))
+    pub.publish_batch(topic, [{"data": b"x"}])
+    (got,) = pull(csub, s)
+    nack(csub, s, [got])
+    # The same delivery's extension lands after the nack: it must not apply.
+    csub.modify_ack_deadline(subscription=s, ack_ids=[got.ack_id], ack_deadline_seconds=60)
+    clock.advance(1.0)
+    (again,) = pull(csub, s)  # due after the retry delay, not held for 60 s
+    assert again.delivery_attempt == 2
+
+
+def test_clearing_the_policy_makes_waiting_messages_due_at_once(pub, csub, clock, topic):
+    s = make(csub, topic, "retry-clear", RetryPolicy(60, 600))
+    pub.publish_batch(topic, [{"data": b"x"}])
+    nack(csub, s, pull(csub, s))
+    assert pull(csub, s) == []
+    backlog = csub.get_backlog(s)
+    assert (backlog.num_outstanding_messages, backlog.expired_ack_deadlines) == (0, 1)  # shown as nacked, not leased
+    csub.update_subscription(subscription={"name": s}, update_mask=["retry_policy"])
+    assert [r.delivery_attempt for r in pull(csub, s)] == [2]
