@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .delivery.cursor import pending_range, read_unfanned
+from .delivery.hooks import hooks_for
 from .registry import SubscriptionRecord
 from .storage import Engine
 from .storage.tables import BACKLOG, BACKLOG_HISTORY, DELIVERIES
@@ -75,7 +76,12 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
             filter=pc.field("delivery_attempt") > 0, prune="delivery_attempt > 0",
         )
     cursor, latest = pending_range(engine, snap, sub)
-    unfanned = read_unfanned(engine, sub, cursor + 1, latest)
+    # Messages not fanned out yet count only if the subscription's filter keeps them: the
+    # others will never be delivered (acked at fan-out), as Pub/Sub's backlog leaves them out.
+    keep = hooks_for(sub).keep
+    unfanned = read_unfanned(engine, sub, cursor + 1, latest, attributes=keep is not None)
+    if keep is not None:
+        unfanned = unfanned.filter(keep(unfanned))
     now_ts = ts_scalar(now)
     delivered = pc.greater(rows["delivery_attempt"], 0)
     delivered_n = _count(delivered)

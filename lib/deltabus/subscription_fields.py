@@ -39,6 +39,7 @@ import pyarrow as pa
 from . import names
 from ._call_args import required
 from .errors import InvalidArgument
+from .policy import filter_syntax
 from .timestamps import TS
 from .types import (
     MAX_FILTER_BYTES,
@@ -260,8 +261,8 @@ def _dead_letter_from_row(row: Mapping[str, Any]) -> DeadLetterPolicy:
 
 
 def _filter(value: Any, path: str) -> str:
-    """The subscription's filter: "" (or None) is no filter; at most 256 bytes of UTF-8.
-    The filter syntax is checked here too (the filters' parser extends this body)."""
+    """The subscription's filter: "" (or None) is no filter; at most 256 bytes of UTF-8, and
+    Pub/Sub's filter syntax (``policy.filter_syntax``: errors name the 1-based position)."""
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -269,6 +270,8 @@ def _filter(value: Any, path: str) -> str:
     size = len(value.encode("utf-8"))
     if size > MAX_FILTER_BYTES:
         raise InvalidArgument(path, f"must be at most {MAX_FILTER_BYTES} bytes, got {size}")
+    if value:
+        filter_syntax.parse(value, path)
     return value
 
 

@@ -138,3 +138,14 @@ def test_ast_nodes_are_frozen() -> None:
     node = HasKey("a")
     with pytest.raises(AttributeError):
         node.key = "b"  # type: ignore[misc]
+
+
+def test_the_subscription_field_parses_its_filter() -> None:
+    from deltabus import subscription_fields as sf
+
+    base = {"name": "projects/p/subscriptions/sub", "topic": "projects/p/topics/top"}
+    assert sf.create_settings({**base, "filter": ""}).filter == ""
+    assert sf.create_settings({**base, "filter": "-attributes:a"}).filter == "-attributes:a"
+    with pytest.raises(InvalidArgument) as err:
+        sf.create_settings({**base, "filter": "attributes:a AND attributes:b OR attributes:c"})
+    assert (err.value.field, err.value.rule) == ("filter", "at 31: AND and OR cannot be combined without parentheses")

@@ -114,7 +114,8 @@ def test_create_and_update_settings_of_the_policies():
     with pytest.raises(InvalidArgument) as e:
         sf.create_settings({**base, "filter": "é" * 129})  # 258 bytes in 129 characters
     assert e.value.rule == "must be at most 256 bytes, got 258"
-    assert sf.create_settings({**base, "filter": "x" * 256}).filter == "x" * 256
+    longest = 'attributes.k = "' + "x" * 239 + '"'  # a valid filter of exactly 256 bytes
+    assert sf.create_settings({**base, "filter": longest}).filter == longest
     # A mask path with the field unset clears the policy.
     assert sf.update_changes({}, ["retry_policy", "dead_letter_policy"]) == {"retry_policy": None, "dead_letter_policy": None}
     with pytest.raises(InvalidArgument) as e:

@@ -7,7 +7,8 @@ Contract:
   evaluated with Arrow compute kernels, one ``map_lookup`` per distinct key: no Python loop
   per message. A null map (no attributes) is a message with no keys.
 - ``compile_filter(text)``: the function fan-out applies to its rows (a table with an
-  ``attributes`` column); None for the empty filter (no filter).
+  ``attributes`` column); None for the empty filter (no filter). ``compiled_filter`` is the
+  same, cached per filter text.
 - ``to_sql(expr, column)``: the same filter as a Spark SQL boolean expression over a map
   column, for paths that filter in Spark; it is never null either.
 
@@ -21,7 +22,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from functools import reduce
+from functools import lru_cache, reduce
 from typing import Callable
 
 import pyarrow as pa
@@ -29,7 +30,7 @@ import pyarrow.compute as pc
 
 from .filter_syntax import And, Compare, CompareOp, FilterExpr, HasKey, HasPrefix, Not, Or, parse
 
-__all__ = ["FilterMask", "attributes_mask", "compile_filter", "to_sql"]
+__all__ = ["FilterMask", "attributes_mask", "compile_filter", "compiled_filter", "to_sql"]
 
 # rows with an ``attributes`` column -> boolean mask (True = the message matches).
 FilterMask = Callable[[pa.Table], pa.Array]
@@ -80,6 +81,13 @@ def compile_filter(text: str | None, column: str = "attributes") -> FilterMask |
         return attributes_mask(expr, rows[column])
 
     return mask
+
+
+@lru_cache(maxsize=1024)
+def compiled_filter(text: str) -> FilterMask | None:
+    """``compile_filter(text)``, parsed once per process for each distinct filter (every pull
+    and push batch asks for its subscription's hooks)."""
+    return compile_filter(text)
 
 
 def _sql_string(value: str) -> str:
