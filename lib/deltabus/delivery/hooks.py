@@ -15,10 +15,12 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..policy.filter_eval import compiled_filter
 from ..registry import SubscriptionRecord
 from .retry_delay import due_hook, nack_hook
 
-# rows (FANOUT_COLUMNS) -> boolean mask: True = fan out; False = acked at once (never inserted).
+# rows (FANOUT_COLUMNS + attributes, read only for a filter) -> boolean mask: True = fan out;
+# False = acked at once (never inserted).
 FanoutFilter = Callable[[pa.Table], pa.Array]
 # (rows nacked: message_id, delivery_attempt; now in seconds) -> lease_expires (us) per row.
 RetryDelay = Callable[[pa.Table, float], pa.Array]
@@ -62,6 +64,7 @@ def hooks_for(sub: SubscriptionRecord) -> DeliveryHooks:
     the defaults (a subscription with no policy gets ``DEFAULT_HOOKS`` itself)."""
     retry = sub.retry_policy
     hooks = DeliveryHooks(
+        keep=compiled_filter(sub.filter) if sub.filter else None,
         retry_delay=None if retry is None else nack_hook(retry),
         due=None if retry is None else due_hook(retry),
     )
