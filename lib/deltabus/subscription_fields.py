@@ -83,21 +83,22 @@ class CliFlag:
     """How ``deltabus subscriptions create/update`` takes a field.
 
     ``collect``: ``"one"`` is a single value parsed by ``parse`` (argparse's ``type``);
-    ``"pairs"`` is a repeatable ``KEY=VALUE`` flag giving a dict. On update, giving the
-    flag puts the field in the update mask."""
+    ``"pairs"`` is a repeatable ``KEY=VALUE`` flag giving a dict; ``"switch"`` takes no
+    value and sets the (boolean) field to True. On update, giving the flag puts the field
+    in the update mask."""
 
     flag: str
     metavar: str
     create_help: str | None = None
     update_help: str | None = None
-    collect: Literal["one", "pairs"] = "one"
+    collect: Literal["one", "pairs", "switch"] = "one"
     parse: Callable[[str], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.flag.startswith("--"):
             raise ValueError(f"CliFlag {self.flag!r}: a flag starts with --")
-        if self.collect == "pairs" and self.parse is not None:
-            raise ValueError(f"CliFlag {self.flag}: KEY=VALUE pairs take no parse function")
+        if self.collect in ("pairs", "switch") and self.parse is not None:
+            raise ValueError(f"CliFlag {self.flag}: {self.collect} flags take no parse function")
 
     @property
     def dest(self) -> str:
@@ -317,7 +318,11 @@ COLUMNS: tuple[SubscriptionField, ...] = (
         to_row=_map_row, from_row=_map_from_row,
         cli=CliFlag("--label", "KEY=VALUE", update_help="replace the labels", collect="pairs"),
     ),
-    SubscriptionField("enable_message_ordering", pa.bool_(), default=lambda: False, validate=_boolean, from_row=bool),
+    SubscriptionField(
+        "enable_message_ordering", pa.bool_(), default=lambda: False, validate=_boolean, from_row=bool,
+        cli=CliFlag("--enable-message-ordering", "", create_help="deliver each ordering key's messages in order (fixed at creation)",
+                    collect="switch"),
+    ),
     # messages-table version at creation: the subscription point.
     SubscriptionField("start_version", pa.int64(), public=False, settable=False, from_row=int),
     SubscriptionField("create_time", TS, public=False, settable=False),

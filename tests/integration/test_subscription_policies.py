@@ -3,9 +3,11 @@ update (Pub/Sub's mutability), clearing a policy, and bad requests writing nothi
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from deltabus import InvalidArgument, SubscriberClient
+from deltabus import InvalidArgument, SubscriberClient, cli
 from deltabus.types import DeadLetterPolicy, RetryPolicy, Subscription
 from tests.conftest import table_versions
 
@@ -53,4 +55,36 @@ def test_bad_policies_write_nothing(sub, topic, subscription, warehouse):
             "dead_letter_topic": topic, "max_delivery_attempts": 3}}, update_mask=["dead_letter_policy"])
     with pytest.raises(InvalidArgument, match="filter: must be at most 256 bytes"):
         sub.create_subscription(request={"name": sub.subscription_path("local", "bad-filter"), "topic": topic, "filter": "a" * 300})
+    assert table_versions(warehouse) == before
+
+
+# -- the CLI, in process (the same main() the console script calls) -----------------------------
+def run(capsys, warehouse: str, *argv: str, code: int = 0) -> str:
+    got = cli.main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli"})
+    cap = capsys.readouterr()
+    assert got == code, cap.err
+    return cap.out if code == 0 else cap.err
+
+
+def test_cli_creates_gets_updates_and_clears_policies(capsys, warehouse):
+    run(capsys, warehouse, "topics", "create", "events")
+    run(capsys, warehouse, "topics", "create", "dead")
+    run(capsys, warehouse, "subscriptions", "create", "s-1", "--topic", "events", "--min-backoff", "1.5",
+        "--dead-letter-topic", "dead", "--filter", "attributes:kind", "--enable-message-ordering")
+    got = json.loads(run(capsys, warehouse, "subscriptions", "get", "s-1"))
+    assert got["retry_policy"] == {"minimum_backoff": 1.5, "maximum_backoff": 600.0}
+    assert got["dead_letter_policy"] == {"dead_letter_topic": "projects/cli/topics/dead", "max_delivery_attempts": 5}
+    assert (got["filter"], got["enable_message_ordering"]) == ("attributes:kind", True)
+    run(capsys, warehouse, "subscriptions", "update", "s-1", "--max-backoff", "20", "--clear-dead-letter-policy")
+    got = json.loads(run(capsys, warehouse, "subscriptions", "get", "s-1"))
+    assert (got["retry_policy"], got["dead_letter_policy"]) == ({"minimum_backoff": 10.0, "maximum_backoff": 20.0}, None)
+    run(capsys, warehouse, "subscriptions", "update", "s-1", "--clear-retry-policy")
+    got = json.loads(run(capsys, warehouse, "subscriptions", "get", "s-1"))
+    assert got["retry_policy"] is None and got["filter"] == "attributes:kind"
+    before = table_versions(warehouse)
+    err = run(capsys, warehouse, "subscriptions", "update", "s-1", "--min-backoff", "700", code=1)
+    assert err == "deltabus: error: --min-backoff: must be 0..600 seconds, got 700\n"
+    err = run(capsys, warehouse, "subscriptions", "create", "s-2", "--topic", "events", "--dead-letter-topic", "dead",
+              "--max-delivery-attempts", "4", code=1)
+    assert err == "deltabus: error: --max-delivery-attempts: must be 5..100, got 4\n"
     assert table_versions(warehouse) == before
