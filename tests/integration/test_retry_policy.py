@@ -104,3 +104,28 @@ def test_clearing_the_policy_makes_waiting_messages_due_at_once(pub, csub, clock
     assert (backlog.num_outstanding_messages, backlog.expired_ack_deadlines) == (0, 1)  # shown as nacked, not leased
     csub.update_subscription(subscription={"name": s}, update_mask=["retry_policy"])
     assert [r.delivery_attempt for r in pull(csub, s)] == [2]
+
+
+@pytest.mark.spark
+@pytest.mark.cluster  # delta-spark MERGEs take seconds each on this machine
+def test_on_delta_spark_a_delayed_nack_waits_and_refuses_a_racing_extension(spark, pub, sub, topic, warehouse, clock):
+    """The engine-specific part: Spark's MERGE stores the negated due time (a timestamp
+    before 1970), its DEADLINE clause refuses an extension of that row, and the due filter
+    applies to what delta-spark reads."""
+    from deltabus.storage import open_engine
+    from tests.conftest import requires_delta
+
+    requires_delta(spark)
+    s = make(sub, topic, "spark-retry", RetryPolicy(1, 1))
+    pub.publish_batch(topic, [{"data": b"x"}])
+    client = SubscriberClient(engine=open_engine(warehouse, engine="delta-spark", spark=spark, create=False), clock=clock)
+    try:
+        (got,) = pull(client, s)
+        nack(client, s, [got])
+        client.modify_ack_deadline(subscription=s, ack_ids=[got.ack_id], ack_deadline_seconds=60)  # racing: refused
+        clock.advance(0.99)
+        assert pull(client, s) == []
+        clock.advance(0.01)
+        assert [r.delivery_attempt for r in pull(client, s)] == [2]
+    finally:
+        client.close()
