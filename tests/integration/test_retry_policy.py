@@ -129,3 +129,30 @@ def test_on_delta_spark_a_delayed_nack_waits_and_refuses_a_racing_extension(spar
         assert [r.delivery_attempt for r in pull(client, s)] == [2]
     finally:
         client.close()
+
+
+def test_push_nacks_of_a_subscription_without_a_plan_still_get_its_retry_delay(pub, csub, clock, topic, warehouse):
+    """A push job's held nacks for a subscription that is no longer pushed to (no plan in
+    this batch) are merged with that subscription's retry delay, not at once."""
+    import pyarrow as pa
+
+    from deltabus.push import plan
+    from deltabus.registry import Registry
+    from deltabus.storage import open_engine
+    from deltabus.storage.tables import DELIVERIES
+
+    s = make(csub, topic, "push-held", RetryPolicy(5, 5))
+    pub.publish_batch(topic, [{"data": b"x"}])
+    (got,) = pull(csub, s)
+    engine = open_engine(warehouse, engine="delta-rs", create=False)
+    rec = Registry(engine, clock=clock).subscription(s)
+    nacks = pa.table({"message_id": [got.message.message_id], "delivery_attempt": pa.array([got.delivery_attempt], pa.int32())})
+    empty = nacks.slice(0, 0)
+    engine.transact(DELIVERIES.name, lambda snap: plan.execute(
+        engine, snap, [], {rec.sub_uid: (empty, nacks)}, pa.table({}), 0, -1, now=clock(), batch_txn=None,
+        records={rec.sub_uid: rec},
+    ), what="test push batch")
+    clock.advance(4.99)
+    assert pull(csub, s) == []
+    clock.advance(0.01)
+    assert [r.delivery_attempt for r in pull(csub, s)] == [2]

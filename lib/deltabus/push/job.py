@@ -188,8 +188,9 @@ class DeliveryJob:
         subs = self.push_subscriptions(records)
         report.push_subscriptions = len(subs)
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
+        by_uid = {rec.sub_uid: rec for rec in records.values()}
         result = self.engine.transact(
-            DELIVERIES.name, lambda snap: self._plan(snap, subs, merging, rows, budget, batch_id), what=f"push batch {batch_id}"
+            DELIVERIES.name, lambda snap: self._plan(snap, subs, merging, rows, budget, batch_id, by_uid), what=f"push batch {batch_id}"
         )
         report.fanned_out = result.fanned_out
         report.delivered = self._launch(subs, result.leases, result.leased_at)
@@ -218,6 +219,7 @@ class DeliveryJob:
         rows: BatchRows,
         budget: int,
         batch_id: int | None,
+        records: Mapping[str, SubscriptionRecord] | None = None,
     ) -> plan.PlanResult:
         """Plan and commit the batch's MERGE (run by ``engine.transact``: a conflict reruns it).
         The lease budget goes to the subscriptions in order, each up to its window's room."""
@@ -230,7 +232,7 @@ class DeliveryJob:
             plans.append(plan.SubPlan(rec, room, self.book.exclusions(uid, merging)))
         return plan.execute(
             self.engine, snap, plans, merging, rows.rows, rows.first, rows.last, now=now,
-            batch_txn=(self.app_id, batch_id) if batch_id is not None else None,
+            batch_txn=(self.app_id, batch_id) if batch_id is not None else None, records=records,
         )
 
     def _collect(self, wait: bool = False) -> Collected | None:

@@ -54,12 +54,16 @@ def execute(
     *,
     now: float,
     batch_txn: tuple[str, int] | None,
+    records: Mapping[str, SubscriptionRecord] | None = None,
 ) -> PlanResult:
     """Build and commit the batch's single MERGE. `outcomes`: sub_uid -> (acks, nacks) tables
     of (message_id, delivery_attempt). `batch`: the stream's rows (topic_uid, message_id,
     publish_time, ordering_key, size_bytes, version) of messages versions first..last.
     Called inside ``engine.transact``: a conflict reruns it. Writes nothing when there is
-    nothing to write; commits the txns alone when only cursors (or the batch) move."""
+    nothing to write; commits the txns alone when only cursors (or the batch) move.
+    `records` (by sub_uid) gives the policy of a subscription with outcomes but no plan (one
+    that stopped being a push subscription while its pushes were out), so its nacks still
+    get its retry delay."""
     parts: list[pa.Table] = []
     txns: list[tuple[str, int]] = []
     result = PlanResult(leased_at=now)
@@ -80,7 +84,8 @@ def execute(
         if acks.num_rows:
             parts.append(outcome_rows(uid, OutcomeKind.ACK, acks))
         if nacks.num_rows:
-            lease = nack_lease(hooks.get(uid, DEFAULT_HOOKS), nacks, now)
+            policy = hooks.get(uid) or (hooks_for(records[uid]) if records and uid in records else DEFAULT_HOOKS)
+            lease = nack_lease(policy, nacks, now)
             parts.append(outcome_rows(uid, OutcomeKind.NACK, nacks, lease))
     if not parts and not txns:
         return result
