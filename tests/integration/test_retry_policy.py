@@ -156,3 +156,36 @@ def test_push_nacks_of_a_subscription_without_a_plan_still_get_its_retry_delay(p
     assert pull(csub, s) == []
     clock.advance(0.01)
     assert [r.delivery_attempt for r in pull(csub, s)] == [2]
+
+
+def test_subscribe_nacks_on_a_callback_error_and_the_policy_delays_it(pub, csub, clock, topic, warehouse, caplog):
+    """subscribe(): with a retry policy a raising callback's message is nacked (as Pub/Sub's
+    client does) and waits the policy's delay, not the stream's own callback-error delay."""
+    import logging
+
+    s = make(csub, topic, "stream-retry", RetryPolicy(3, 3))
+    [mid] = pub.publish_batch(topic, [{"data": b"x"}])
+    calls: list[int] = []
+
+    def callback(message):
+        calls.append(message.delivery_attempt)
+        raise ValueError("boom")
+
+    caplog.set_level(logging.INFO, logger="deltabus.subscriber.streaming_pull")
+    future = csub.subscribe(s, callback)
+    with pytest.raises(ValueError, match="boom"):
+        future.result(timeout=30)
+    time.sleep(0.5)  # the stream runs on; the clock stands still, so nothing is due again
+    assert calls == [1]
+    future.cancel()
+    other = SubscriberClient(warehouse=warehouse, clock=clock)
+    try:
+        clock.advance(2.99)  # the stream's own delay for attempt 1 would be 1 s
+        assert pull(other, s) == []
+        clock.advance(0.01)
+        [again] = pull(other, s)
+        assert (again.message.message_id, again.delivery_attempt) == (mid, 2)
+    finally:
+        other.close()
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "nacked: the retry policy delays it" in line

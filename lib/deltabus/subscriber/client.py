@@ -385,6 +385,8 @@ class SubscriberClient(ClientBase):
         manager = StreamingPullManager(
             _ClientLeaseOps(self, name), name, callback, flow_control, executor=scheduler, clock=self._clock,
             await_callbacks_on_shutdown=await_callbacks_on_shutdown,
+            # Asked at each callback error (rare), so a policy set or cleared meanwhile counts.
+            has_retry_policy=lambda: self._sub(name).retry_policy is not None,
         )
         with self._streams_lock:
             if self._closed:  # close() ran since the check on entry: start nothing
