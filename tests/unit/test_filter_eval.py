@@ -87,3 +87,25 @@ def test_sql_form_escapes_literals() -> None:
         r"""((coalesce(try_element_at(attrs, 'it\'s') = 'a\\b', false)) OR """
         r"""coalesce(startswith(try_element_at(attrs, 'k'), 'x'), false))"""
     )
+
+
+def test_fanout_prepare_filters_then_keeps_the_fanout_columns_only() -> None:
+    from deltabus.delivery.cursor import FANOUT_COLUMNS, empty_fanout
+    from deltabus.delivery.fanout import prepare
+
+    base = empty_fanout()
+    n = 4
+    rows = pa.table({
+        "message_id": ["d", "c", "b", "a"],
+        "publish_time": pa.array([0] * n, base.schema.field("publish_time").type),
+        "ordering_key": [""] * n,
+        "size_bytes": pa.array([1] * n, pa.int64()),
+        "message_version": pa.array([2, 1, 2, 1], pa.int64()),
+        "attributes": column([{"k": "x"}, {"k": "y"}, None, {"k": "x"}]),
+    })
+    kept = prepare(rows, compile_filter('attributes.k = "x"'))
+    assert kept.column_names == list(FANOUT_COLUMNS)
+    assert kept["message_id"].to_pylist() == ["a", "d"]  # by version, then id
+    # Rows that carry attributes without a filter lose the column too.
+    assert prepare(rows).column_names == list(FANOUT_COLUMNS)
+    assert prepare(rows, compile_filter("attributes:none")).num_rows == 0
