@@ -36,3 +36,21 @@ def test_subscriptions_view_shows_the_policies(spark, pub, sub, topic, subscript
     assert [tuple(r) for r in s.sql(QUERY).collect()] == expected
     state = s.sql(f"select state, ack_deadline from deliveries where subscription = '{name}'").collect()
     assert [tuple(r) for r in state] == [("nacked", None)]
+
+
+@pytest.mark.cluster  # the cluster-engine group: delta-spark reads take tens of seconds here
+def test_on_delta_spark_the_subscriptions_view_shows_the_same_policies(spark, pub, sub, topic, subscription, warehouse):
+    from deltabus.spark.sql import register
+    from tests.conftest import requires_delta
+
+    requires_delta(spark)
+    dead = pub.topic_path("local", "dead")
+    pub.create_topic(name=dead)
+    name = sub.subscription_path("local", "policies")
+    sub.create_subscription(request={"name": name, "topic": topic, "retry_policy": {"minimum_backoff": 0.5},
+                                     "dead_letter_policy": {"dead_letter_topic": dead}, "filter": "attributes:kind"})
+    assert register(spark, warehouse, engine="delta-spark") == "delta-spark"
+    assert [tuple(r) for r in spark.sql(QUERY).collect()] == [
+        (subscription, None, None, None, None, "", False),
+        (name, 0.5, 600.0, dead, 5, "attributes:kind", False),
+    ]
