@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from ..policy.filter_eval import compiled_filter
 from ..registry import SubscriptionRecord
+from .attempt_limit import give_up_hook
 from .retry_delay import due_hook, nack_hook
 
 # rows (FANOUT_COLUMNS + attributes, read only for a filter) -> boolean mask: True = fan out;
@@ -67,5 +68,6 @@ def hooks_for(sub: SubscriptionRecord) -> DeliveryHooks:
         keep=compiled_filter(sub.filter) if sub.filter else None,
         retry_delay=None if retry is None else nack_hook(retry),
         due=None if retry is None else due_hook(retry),
+        give_up=None if sub.dead_letter_policy is None else give_up_hook(sub.dead_letter_policy.max_delivery_attempts),
     )
     return DEFAULT_HOOKS if hooks == DEFAULT_HOOKS else hooks

@@ -35,11 +35,12 @@ __all__ = ["nack_hook", "due_hook", "nack_due_us"]
 
 def nack_due_us(policy: RetryPolicy, attempts: pa.Array | pa.ChunkedArray, now: float) -> pa.Array:
     """When (us since the epoch) nacks of these delivery attempts at `now` are due again."""
-    values = attempts.to_pylist()
-    # One delay per distinct attempt (a batch of nacks holds few): no per-row float work.
-    by_attempt = {a: to_us(delay(policy, max(1, int(a)))) for a in set(values)}
-    base = to_us(now)
-    return pa.array([base + by_attempt[a] for a in values], pa.int64())
+    column = attempts.combine_chunks() if isinstance(attempts, pa.ChunkedArray) else attempts
+    # One delay per distinct attempt (a batch of nacks holds few), then gathered per row in Arrow.
+    distinct = pc.unique(column)
+    delays = pa.array([to_us(delay(policy, max(1, int(a)))) for a in distinct.to_pylist()], pa.int64())
+    per_row = pc.take(delays, pc.index_in(column, value_set=distinct))
+    return pc.add(per_row, pa.scalar(to_us(now), pa.int64()))
 
 
 def nack_hook(policy: RetryPolicy) -> Callable[[pa.Table, float], pa.Array]:
