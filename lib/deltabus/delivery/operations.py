@@ -18,6 +18,7 @@ from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
+from . import dead_letter
 from .cursor import IDLE_CURSOR_LAG, cursor_app_id
 from .fanout import from_change_feed
 from .hooks import DeliveryHooks, hooks_for
@@ -44,20 +45,28 @@ def pull(
     (versions of other topics) is moved forward alone."""
     policy = hooks if hooks is not None else hooks_for(sub)
     uid = sub.sub_uid
+    # A dead-letter policy: finish unfinished moves first; a missing topic drops give_up.
+    policy, dead = dead_letter.prepare(engine, sub, policy, clock)
 
-    def fn(snap: Snapshot) -> list[Lease]:
+    def fn(snap: Snapshot) -> tuple[list[Lease], int | None]:
         now = clock()
         fan = from_change_feed(engine, snap, sub, keep=policy.keep)
         available = read_available(snap, uid, now, max_messages, due=policy.due)
         if available.num_rows == 0 and fan.rows.num_rows == 0:
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])
-            return []
+            return [], None
         chosen = select(uid, available, fan.rows, max_messages, to_us(now + lease_seconds), policy)
-        commit(snap, chosen.parts, [uid], fan.txns(uid))
-        return chosen.leases
+        parts, txns, key = chosen.parts, fan.txns(uid), None
+        if chosen.given_up and dead is not None:  # mark them in this commit (the move's intent)
+            parts, txns, key = dead.mark(snap, parts, txns)
+        commit(snap, parts, [uid], txns)
+        return chosen.leases, key
 
-    return engine.transact(DELIVERIES.name, fn, what=f"pull {sub.name}")
+    leases, key = engine.transact(DELIVERIES.name, fn, what=f"pull {sub.name}")
+    if key is not None and dead is not None:
+        dead.finish(engine, key)  # a crash before this leaves marks that the next pull's recover finishes
+    return leases
 
 
 def _outcome_kind(seconds: float) -> OutcomeKind:

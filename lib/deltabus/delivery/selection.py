@@ -68,9 +68,11 @@ def read_available(
     if limit <= 0:
         return empty_available()
     # Excluded (in-flight) ids are leased, so rarely available; read enough to cover them anyway.
+    # Rows marked for a dead-letter move belong to it until it drops them (dead_letter.py).
+    unmarked = pc.field("dead_letter_key").is_null()
     rows = snap.read_first(
         limit + len(exclude), AVAILABLE_ORDER, STATE_COLUMNS, partition=sub_uid,
-        filter=available_filter(now) if due is None else due(now), skip_files=leased_files(now),
+        filter=(available_filter(now) if due is None else due(now)) & unmarked, skip_files=leased_files(now),
     )
     if exclude and rows.num_rows:
         rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], pa.array(list(exclude), pa.string()))))

@@ -1,0 +1,87 @@
+"""Dead-letter topics on real Delta tables (issue 13): pull with nacks and an injected clock,
+subscribe(), create/update checks, the backlog, and crashes (delivery/dead_letter.py).
+
+A message delivered max_delivery_attempts times without an ack is published to the
+dead-letter topic (with the four CloudPubSubDeadLetterSource* attributes, data and
+attributes kept) and acked on the source subscription.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from deltabus import SubscriberClient
+from deltabus.errors import InvalidArgument, NotFound
+from deltabus.types import DeadLetterPolicy
+from tests.conftest import ManualClock, table_versions
+
+ATTRS = (
+    "CloudPubSubDeadLetterSourceDeliveryCount",
+    "CloudPubSubDeadLetterSourceSubscription",
+    "CloudPubSubDeadLetterSourceSubscriptionProject",
+    "CloudPubSubDeadLetterSourceTopicPublishTime",
+)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(time.time())
+
+
+@pytest.fixture
+def csub(warehouse, clock):
+    client = SubscriberClient(warehouse=warehouse, clock=clock)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def dlq(pub, csub):
+    """The dead-letter topic and a pull subscription on it."""
+    t = pub.topic_path("local", "dead-letters")
+    pub.create_topic(name=t)
+    s = csub.subscription_path("local", "dead-letters-pull")
+    csub.create_subscription(name=s, topic=t)
+    return t, s
+
+
+def make(csub: SubscriberClient, topic: str, name: str, dead_letter_topic: str, attempts: int = 5) -> str:
+    path = csub.subscription_path("local", name)
+    csub.create_subscription(request={"name": path, "topic": topic,
+                                      "dead_letter_policy": DeadLetterPolicy(dead_letter_topic, attempts)})
+    return path
+
+
+def pull(client, subscription, n=10):
+    return client.pull(subscription=subscription, max_messages=n, return_immediately=True).received_messages
+
+
+def nack(client, subscription, received):
+    client.modify_ack_deadline(subscription=subscription, ack_ids=[r.ack_id for r in received], ack_deadline_seconds=0)
+
+
+def test_after_exactly_max_attempts_the_message_moves_to_the_dead_letter_topic(pub, csub, topic, dlq):
+    dl_topic, dl_sub = dlq
+    s = make(csub, topic, "dl-pull", dl_topic, 5)
+    (mid,) = pub.publish_batch(topic, [{"data": b"poison", "attributes": {"k": "v"}, "ordering_key": ""}])
+    seen = []
+    for _ in range(5):
+        (got,) = pull(csub, s)
+        seen.append(got.delivery_attempt)
+        nack(csub, s, [got])
+    assert seen == [1, 2, 3, 4, 5]
+    assert pull(csub, s) == []  # the 6th would-be delivery is the dead-lettering instead
+    assert csub.get_backlog(s).num_unacked_messages == 0
+    (copy,) = pull(csub, dl_sub)
+    m = copy.message
+    assert m.data == b"poison" and m.message_id != mid
+    assert {k: v for k, v in m.attributes.items() if k not in ATTRS} == {"k": "v"}
+    assert m.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+    assert m.attributes["CloudPubSubDeadLetterSourceSubscription"] == "dl-pull"
+    assert m.attributes["CloudPubSubDeadLetterSourceSubscriptionProject"] == "local"
+    published = m.attributes["CloudPubSubDeadLetterSourceTopicPublishTime"]
+    assert published.endswith("Z") and published.startswith("20")
+    # Nothing left marked, and a later pull of the source moves nothing more.
+    assert pull(csub, s) == [] and pull(csub, dl_sub) == []
