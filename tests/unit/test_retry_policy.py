@@ -92,3 +92,4 @@ def test_hooks_for_sets_the_retry_hooks_only_with_a_policy():
     hooks = hooks_for(dataclasses.replace(plain, retry_policy=RetryPolicy(1, 2)))
     assert hooks.retry_delay is not None and hooks.due is not None
     assert (hooks.keep, hooks.eligible, hooks.give_up) == (None, None, None)
+    assert hooks_for(dataclasses.replace(plain, retry_policy=RetryPolicy(1, 2))) == hooks  # values, not closures

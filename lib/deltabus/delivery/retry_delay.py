@@ -20,12 +20,13 @@ Without a policy neither hook is set and the default path is exactly as before. 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..policy.retry import delay, steps
+from ..policy.retry import Step, delay, steps
 from ..timestamps import TS, to_us
 from ..types import RetryPolicy
 from .merge import NACKED_MAX_US, delayed_nack_us
@@ -43,31 +44,41 @@ def nack_due_us(policy: RetryPolicy, attempts: pa.Array | pa.ChunkedArray, now: 
     return pc.add(per_row, pa.scalar(to_us(now), pa.int64()))
 
 
-def nack_hook(policy: RetryPolicy) -> Callable[[pa.Table, float], pa.Array]:
-    """``DeliveryHooks.retry_delay`` for `policy`: the lease_expires (us) of each nacked row."""
+@dataclass(frozen=True, slots=True)
+class _NackDelay:
+    policy: RetryPolicy
 
-    def retry_delay(nacked: pa.Table, now: float) -> pa.Array:
-        return delayed_nack_us(nack_due_us(policy, nacked["delivery_attempt"], now))
-
-    return retry_delay
+    def __call__(self, nacked: pa.Table, now: float) -> pa.Array:
+        return delayed_nack_us(nack_due_us(self.policy, nacked["delivery_attempt"], now))
 
 
-def due_hook(policy: RetryPolicy) -> Callable[[float], pc.Expression]:
-    """``DeliveryHooks.due`` for `policy`: the rows available at `now` (see the module doc)."""
-    plan = steps(policy)
+@dataclass(frozen=True, slots=True)
+class _Due:
+    policy: RetryPolicy
+    plan: tuple[Step, ...]
 
-    def due(now: float) -> pc.Expression:
+    def __call__(self, now: float) -> pc.Expression:
         lease = pc.field("lease_expires")
         attempt = pc.field("delivery_attempt")
         now_us = to_us(now)
         mark = pa.scalar(NACKED_MAX_US, TS)
         nacked_due = (lease <= mark) & (lease >= pa.scalar(-now_us, TS))
         expired: pc.Expression | None = None
-        for step in plan:
+        for step in self.plan:
             in_range = attempt >= step.first if step.last is None else (attempt >= step.first) & (attempt <= step.last)
             term = in_range & (lease > mark) & (lease <= pa.scalar(now_us - to_us(step.seconds), TS))
             expired = term if expired is None else expired | term
         assert expired is not None  # steps() always gives at least one
         return lease.is_null() | nacked_due | expired
 
-    return due
+
+# Hooks are values (frozen dataclasses), not closures, so the hooks of two equal
+# subscriptions compare equal, as the other policies' do.
+def nack_hook(policy: RetryPolicy) -> Callable[[pa.Table, float], pa.Array]:
+    """``DeliveryHooks.retry_delay`` for `policy`: the lease_expires (us) of each nacked row."""
+    return _NackDelay(policy)
+
+
+def due_hook(policy: RetryPolicy) -> Callable[[float], pc.Expression]:
+    """``DeliveryHooks.due`` for `policy`: the rows available at `now` (see the module doc)."""
+    return _Due(policy, steps(policy))
