@@ -341,6 +341,15 @@ MAX_FILTER_BYTES = 256
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
+    """A subscription's settings, as google-cloud-pubsub's ``types.Subscription``.
+
+    The delivery policies (issue 13): ``retry_policy`` (None: a nacked or expired message is
+    due again at once), ``dead_letter_policy`` (None: never dead-lettered), ``filter`` ("":
+    every message) and ``enable_message_ordering``. The first two may change through
+    ``update_subscription``; the filter and ordering are fixed at creation, as in Pub/Sub.
+    ``subscription_fields.COLUMNS`` declares every field's rules; a test checks this class
+    against it."""
+
     name: str
     topic: str
     push_config: PushConfig = field(default_factory=PushConfig)
