@@ -9,13 +9,14 @@ fills them in there, and pull, ``subscribe()`` and the push job all follow at on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..policy.filter_eval import compiled_filter
+from ..policy.ordering import KeyState, eligible as ordering_eligible
 from ..registry import SubscriptionRecord
 from .attempt_limit import give_up_hook
 from .retry_delay import due_hook, nack_hook
@@ -27,9 +28,10 @@ FanoutFilter = Callable[[pa.Table], pa.Array]
 RetryDelay = Callable[[pa.Table, float], pa.Array]
 # now in seconds -> the filter of the deliveries rows due (available to lease) at now.
 DueFilter = Callable[[float], pc.Expression]
-# (available rows: STATE_COLUMNS, new messages: FANOUT_COLUMNS; each in lease order) ->
+# (available rows: STATE_COLUMNS + ordering_key, new messages: FANOUT_COLUMNS, each in
+# lease order; the subscription's KeyState, held keys from selection.read_held_keys) ->
 # (mask over available, mask over new): True = may be leased now.
-Eligibility = Callable[[pa.Table, pa.Table], tuple[pa.Array, pa.Array]]
+Eligibility = Callable[[pa.Table, pa.Table, KeyState], tuple[pa.Array, pa.Array]]
 # the attempt each candidate would get -> boolean mask: True = give up instead of leasing.
 AttemptLimit = Callable[[pa.Array], pa.Array]
 
@@ -70,4 +72,18 @@ def hooks_for(sub: SubscriptionRecord) -> DeliveryHooks:
         due=None if retry is None else due_hook(retry),
         give_up=None if sub.dead_letter_policy is None else give_up_hook(sub.dead_letter_policy.max_delivery_attempts),
     )
+    if sub.enable_message_ordering:  # issue 13 ordering keys: push holds one outstanding message per key
+        hooks = replace(hooks, eligible=_ordering_hooks[bool(sub.push_config.push_endpoint)])
     return DEFAULT_HOOKS if hooks == DEFAULT_HOOKS else hooks
+
+
+def _pull_ordering(available: pa.Table, fresh: pa.Table, state: KeyState) -> tuple[pa.Array, pa.Array]:
+    return ordering_eligible(available, fresh, state, one_per_key=False)
+
+
+def _push_ordering(available: pa.Table, fresh: pa.Table, state: KeyState) -> tuple[pa.Array, pa.Array]:
+    return ordering_eligible(available, fresh, state, one_per_key=True)
+
+
+# Module-level functions (not closures), so hooks of equal subscriptions compare equal.
+_ordering_hooks: dict[bool, Eligibility] = {False: _pull_ordering, True: _push_ordering}

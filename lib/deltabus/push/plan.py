@@ -10,20 +10,26 @@ fan-out or outcome logic lives here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import pyarrow as pa
 
+from ..delivery.dead_letter import DeadLetterMover
 from ..delivery.fanout import from_batch
 from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
 from ..delivery.merge import commit
 from ..delivery.model import OutcomeKind
 from ..delivery.outcomes import nack_lease, rows as outcome_rows
-from ..delivery.selection import read_available, select
+from ..delivery.selection import read_available, read_held_keys, select
+from ..policy.ordering import NO_KEYS, KeyState
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..timestamps import to_us
+
+
+# Ordering keys: how many times the room a batch reads of the due rows, keeping one per key.
+ORDERED_READ_FACTOR = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,9 @@ class SubPlan:
     sub: SubscriptionRecord
     room: int  # leases allowed now (window room, 0 while in backoff)
     exclude: frozenset[str] = frozenset()  # message ids in flight or with an outcome now
+    # Its dead-letter move (``dead_letter.prepare``, run before the batch's transaction);
+    # None: no policy, or its topic is gone, and nothing is given up.
+    dead_letter: DeadLetterMover | None = None
 
 
 @dataclass(slots=True)
@@ -41,6 +50,7 @@ class PlanResult:
     fanned_out: int = 0
     committed: bool = False
     leased_at: float = 0.0  # the `now` the leases' deadlines count from
+    dead_letter_keys: dict[str, int] = field(default_factory=dict)  # sub_uid -> key of the move marked in this commit
 
 
 def execute(
@@ -72,11 +82,28 @@ def execute(
         sub = plan.sub
         uid = sub.sub_uid
         policy = hooks[uid] = hooks_for(sub)
+        if policy.give_up is not None and plan.dead_letter is None:  # dead-letter topic gone: the message stays
+            policy = replace(policy, give_up=None)
         fan = from_batch(engine, snap, sub, batch, first, last, keep=policy.keep)
         txns.extend(fan.txns(uid))
-        available = read_available(snap, uid, now, plan.room, plan.exclude, due=policy.due)  # empty, reading nothing, when room <= 0
-        chosen = select(uid, available, fan.rows, plan.room, to_us(now + sub.ack_deadline_seconds), policy)
-        parts.extend(chosen.parts)
+        # Ordering keys (issue 13): one outstanding message per key, counting the in-flight ids
+        # (their keys are held); read only for subscriptions with ordering, and only with room.
+        ordered = policy.eligible is not None
+        held = read_held_keys(snap, uid, now, plan.exclude, policy.due) if ordered and plan.room > 0 else None
+        if ordered and held is None:
+            held = NO_KEYS.held
+        # One per key: read more than the room, so a key with many messages due leaves room for others.
+        limit = plan.room * ORDERED_READ_FACTOR if ordered else plan.room
+        available = read_available(snap, uid, now, limit, plan.exclude, due=policy.due, held=held)  # empty, reading nothing, when room <= 0
+        keys = KeyState(held, available.num_rows < limit) if held is not None else NO_KEYS
+        chosen = select(uid, available, fan.rows, plan.room, to_us(now + sub.ack_deadline_seconds), policy, keys)
+        chosen_parts = chosen.parts
+        if chosen.given_up and plan.dead_letter is not None:  # marked in this MERGE; the job finishes the move after it
+            chosen_parts, dl_txns, key = plan.dead_letter.mark(snap, chosen_parts, [])
+            txns.extend(dl_txns)
+            if key is not None:
+                result.dead_letter_keys[uid] = key
+        parts.extend(chosen_parts)
         if chosen.leases:
             result.leases[uid] = [(lease.message_id, lease.delivery_attempt) for lease in chosen.leases]
         result.fanned_out += chosen.inserted
