@@ -85,3 +85,39 @@ def test_after_exactly_max_attempts_the_message_moves_to_the_dead_letter_topic(p
     assert published.endswith("Z") and published.startswith("20")
     # Nothing left marked, and a later pull of the source moves nothing more.
     assert pull(csub, s) == [] and pull(csub, dl_sub) == []
+
+
+def test_a_dead_letter_topic_that_does_not_exist_is_refused_at_create_and_update_writing_nothing(pub, csub, topic, dlq, warehouse):
+    missing = pub.topic_path("local", "no-such-topic")
+    s = csub.subscription_path("local", "dl-missing")
+    before = table_versions(warehouse)
+    with pytest.raises(NotFound, match=r"dead_letter_policy\.dead_letter_topic.*no-such-topic"):
+        csub.create_subscription(request={"name": s, "topic": topic, "dead_letter_policy": DeadLetterPolicy(missing, 5)})
+    with pytest.raises(InvalidArgument, match=r"max_delivery_attempts: must be 5\.\.100"):
+        csub.create_subscription(request={"name": s, "topic": topic, "dead_letter_policy": {"dead_letter_topic": dlq[0],
+                                                                                            "max_delivery_attempts": 4}})
+    assert table_versions(warehouse) == before
+    csub.create_subscription(name=s, topic=topic)
+    before = table_versions(warehouse)
+    with pytest.raises(NotFound, match="no-such-topic"):
+        csub.update_subscription(subscription={"name": s, "dead_letter_policy": DeadLetterPolicy(missing, 5)},
+                                 update_mask=["dead_letter_policy"])
+    assert table_versions(warehouse) == before
+    got = csub.update_subscription(subscription={"name": s, "dead_letter_policy": DeadLetterPolicy(dlq[0], 7)},
+                                   update_mask=["dead_letter_policy"])
+    assert got.dead_letter_policy == DeadLetterPolicy(dlq[0], 7)
+
+
+def test_a_deleted_dead_letter_topic_keeps_the_message_on_the_subscription(pub, csub, topic, dlq):
+    dl_topic, _ = dlq
+    s = make(csub, topic, "dl-gone", dl_topic, 5)
+    pub.publish_batch(topic, [{"data": b"stays"}])
+    for _ in range(5):
+        (got,) = pull(csub, s)
+        nack(csub, s, [got])
+    pub.delete_topic(topic=dl_topic)
+    # No topic to publish to: the message stays, unacked, and is delivered again (as Pub/Sub).
+    (again,) = pull(csub, s)
+    assert again.delivery_attempt == 6 and again.message.data == b"stays"
+    stats = csub.get_backlog(s)
+    assert stats.num_unacked_messages == 1

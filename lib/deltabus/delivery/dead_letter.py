@@ -50,7 +50,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import names
+from ..errors import NotFound
 from ..registry import Registry, SubscriptionRecord, TopicRecord
+from ..types import DeadLetterPolicy
 from ..storage import Engine, Snapshot
 from ..storage.keyed_steps import MarkedMove, UnfinishedMove
 from ..storage.tables import DELIVERIES, MESSAGES
@@ -74,6 +76,8 @@ __all__ = [
     "mover",
     "prepare",
     "with_key",
+    "check_topic",
+    "settle_before_change",
 ]
 
 MARK_COLUMN = "dead_letter_key"
@@ -244,3 +248,19 @@ def prepare(
         return (replace(hooks, give_up=None) if hooks.give_up is not None else hooks), None
     found.recover(engine)
     return hooks, found
+
+
+def check_topic(registry: Registry, policy: DeadLetterPolicy | None) -> None:
+    """At create and update: the policy's dead-letter topic must exist (Pub/Sub answers
+    NOT_FOUND). Raises ``NotFound`` naming the field; called before anything is written."""
+    if policy is not None and policy.dead_letter_topic not in registry.topics():
+        raise NotFound("dead-letter topic (dead_letter_policy.dead_letter_topic)", policy.dead_letter_topic)
+
+
+def settle_before_change(engine: Engine, sub: SubscriptionRecord, clock: Callable[[], float], registry: Registry) -> None:
+    """Before a subscription's dead-letter policy changes: finish its unfinished moves with
+    the policy they were decided under (a cleared or retargeted policy would otherwise
+    leave marked rows that no mover of the new policy carries to the old topic)."""
+    found = mover(engine, sub, clock, registry)
+    if found is not None:
+        found.recover(engine)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .. import ackid, backlog, config, names, pagination, subscription_fields, watch
 from ..watch import LogWatcher
-from ..delivery import operations as delivery
+from ..delivery import dead_letter, operations as delivery
 from ..delivery.payloads import fetch_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
@@ -106,6 +106,7 @@ class SubscriberClient(ClientBase):
         )
         settings = subscription_fields.create_settings(f, {"push_config": self._check_push})
         topic_rec = self._registry.topic(settings.topic)
+        dead_letter.check_topic(self._registry, settings.dead_letter_policy)  # issue 13: NotFound, nothing written
         rec = self._registry.create_subscription(settings, topic_rec)
         return rec.public()
 
@@ -182,6 +183,9 @@ class SubscriberClient(ClientBase):
             raise InvalidArgument("subscription", f"must be a Subscription or a dict, got {type(raw).__name__}")
         rec = self._sub(sub_name, "subscription.name")
         changes = subscription_fields.update_changes(values, paths, {"push_config": self._check_push})
+        if "dead_letter_policy" in changes:  # issue 13: the new topic exists; the old policy's moves finish first
+            dead_letter.check_topic(self._registry, changes["dead_letter_policy"])
+            dead_letter.settle_before_change(self._engine, rec, self._clock, self._registry)
         new = self._registry.replace_subscription(replace(rec, **changes))
         return new.public(self._registry.topic_is_live(new.topic_uid))
 
