@@ -14,6 +14,7 @@ import pytest
 
 from deltabus import SubscriberClient
 from deltabus.errors import InvalidArgument, NotFound
+from deltabus.push.body import rfc3339
 from deltabus.types import DeadLetterPolicy
 from tests.conftest import ManualClock, table_versions
 
@@ -70,10 +71,13 @@ def test_after_exactly_max_attempts_the_message_moves_to_the_dead_letter_topic(p
     for _ in range(5):
         (got,) = pull(csub, s)
         seen.append(got.delivery_attempt)
+        source_time = got.message.publish_time
         nack(csub, s, [got])
     assert seen == [1, 2, 3, 4, 5]
     assert pull(csub, s) == []  # the 6th would-be delivery is the dead-lettering instead
-    assert csub.get_backlog(s).num_unacked_messages == 0
+    stats = {b.subscription: b for b in csub.refresh_backlog()}
+    assert (stats[s].num_unacked_messages, stats[s].dead_lettered, stats[s].dead_letter_blocked) == (0, 1, 0)
+    assert stats[dl_sub].dead_lettered is None  # no policy: null
     (copy,) = pull(csub, dl_sub)
     m = copy.message
     assert m.data == b"poison" and m.message_id != mid
@@ -82,7 +86,7 @@ def test_after_exactly_max_attempts_the_message_moves_to_the_dead_letter_topic(p
     assert m.attributes["CloudPubSubDeadLetterSourceSubscription"] == "dl-pull"
     assert m.attributes["CloudPubSubDeadLetterSourceSubscriptionProject"] == "local"
     published = m.attributes["CloudPubSubDeadLetterSourceTopicPublishTime"]
-    assert published.endswith("Z") and published.startswith("20")
+    assert published == rfc3339(source_time) and published.endswith("Z")
     # Nothing left marked, and a later pull of the source moves nothing more.
     assert pull(csub, s) == [] and pull(csub, dl_sub) == []
 
@@ -120,4 +124,4 @@ def test_a_deleted_dead_letter_topic_keeps_the_message_on_the_subscription(pub, 
     (again,) = pull(csub, s)
     assert again.delivery_attempt == 6 and again.message.data == b"stays"
     stats = csub.get_backlog(s)
-    assert stats.num_unacked_messages == 1
+    assert (stats.num_unacked_messages, stats.dead_lettered, stats.dead_letter_blocked) == (1, None, 1)

@@ -71,6 +71,8 @@ __all__ = [
     "give_up_hook",
     "app_id",
     "dead_letter_id",
+    "copies_of",
+    "backlog_figures",
     "source_attributes",
     "DeadLetterMover",
     "mover",
@@ -95,10 +97,18 @@ def app_id(sub_uid: str) -> str:
 def dead_letter_id(sub_uid: str, message_id: str, key: int) -> str:
     """The copy's message id: a function of (subscription, message, move key) alone, so a
     rerun of the copy builds the same row. It keeps the source id's leading publish time
-    (ids sort by time; ``ids``) and adds 16 hex digits of a hash, to stay unique across
-    subscriptions dead-lettering the same message into one topic."""
+    (ids sort by time; ``ids``), then ``dl`` and the source sub_uid (``copies_of`` counts a
+    subscription's copies by it), then 16 hex digits of a hash of all three."""
     digest = hashlib.sha256(f"{sub_uid}/{message_id}/{key}".encode()).hexdigest()[:16]
-    return f"{message_id[:16]}dl{digest}"
+    return f"{message_id[:16]}dl{sub_uid}{digest}"
+
+
+def copies_of(engine: Engine, sub: SubscriptionRecord, topic: TopicRecord) -> int:
+    """How many of `sub`'s messages are on the dead-letter `topic` (reads the message_id
+    column of that topic's partition only; for the backlog)."""
+    ids = engine.snapshot(MESSAGES.name).read(columns=["message_id"], partition=topic.topic_uid)["message_id"]
+    marker = pc.utf8_slice_codeunits(ids.cast(pa.string()), 16, 18 + len(sub.sub_uid))
+    return int(pc.sum(pc.equal(marker, "dl" + sub.sub_uid)).as_py() or 0)
 
 
 def rfc3339_us(us: int) -> str:
@@ -264,3 +274,21 @@ def settle_before_change(engine: Engine, sub: SubscriptionRecord, clock: Callabl
     found = mover(engine, sub, clock, registry)
     if found is not None:
         found.recover(engine)
+
+
+def backlog_figures(
+    engine: Engine, sub: SubscriptionRecord, attempts: pa.Array | pa.ChunkedArray, clock: Callable[[], float]
+) -> tuple[int | None, int | None]:
+    """(dead_lettered, dead_letter_blocked) of the backlog for `sub`, given the
+    delivery_attempt of (at least) its rows ever delivered; (None, None) without a policy.
+    dead_lettered: its messages on the dead-letter topic (None when that topic is gone).
+    dead_letter_blocked: messages past max_delivery_attempts that stay because the topic is
+    gone (0 while it exists: those are moved at the next decision)."""
+    policy = sub.dead_letter_policy
+    if policy is None:
+        return None, None
+    topic = Registry(engine, clock=clock).topics().get(policy.dead_letter_topic)
+    if topic is not None:
+        return copies_of(engine, sub, topic), 0
+    over = pc.greater_equal(attempts, pa.scalar(policy.max_delivery_attempts, pa.int32()))
+    return None, int(pc.sum(pc.cast(over, pa.int64())).as_py() or 0)

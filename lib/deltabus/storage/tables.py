@@ -245,6 +245,13 @@ _BACKLOG_LAYERS = (
         pa.field("last_status", pa.string()),
         pa.field("last_error", pa.string()),
     ),
+    # Version 3 (issue 13, dead-letter topics; null without a dead-letter policy): the
+    # subscription's messages on its dead-letter topic, and the messages past
+    # max_delivery_attempts that stay because that topic no longer exists.
+    (
+        pa.field("dead_lettered", pa.int64()),
+        pa.field("dead_letter_blocked", pa.int64()),
+    ),
 )
 
 BACKLOG = TableSpec("backlog", _BACKLOG_LAYERS)
