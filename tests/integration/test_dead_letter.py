@@ -125,3 +125,60 @@ def test_a_deleted_dead_letter_topic_keeps_the_message_on_the_subscription(pub, 
     assert again.delivery_attempt == 6 and again.message.data == b"stays"
     stats = csub.get_backlog(s)
     assert (stats.num_unacked_messages, stats.dead_lettered, stats.dead_letter_blocked) == (1, None, 1)
+
+
+def test_subscribe_nacking_every_delivery_sees_exactly_max_attempts(pub, sub, topic):
+    t = pub.topic_path("local", "dl-stream-dlq")
+    pub.create_topic(name=t)
+    dl_sub = sub.subscription_path("local", "dl-stream-dlq-pull")
+    sub.create_subscription(name=dl_sub, topic=t)
+    s = make(sub, topic, "dl-stream", t, 5)
+    pub.publish_batch(topic, [{"data": b"nacked"}])
+    attempts: list[int] = []
+
+    def callback(message):
+        attempts.append(message.delivery_attempt)
+        message.nack()
+
+    future = sub.subscribe(s, callback)
+    copies = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not copies:
+            copies = pull(sub, dl_sub)
+            time.sleep(0.1)
+    finally:
+        future.cancel()
+        future.result(timeout=10)
+    assert attempts == [1, 2, 3, 4, 5]
+    (copy,) = copies
+    assert copy.message.data == b"nacked" and copy.message.attributes["CloudPubSubDeadLetterSourceSubscription"] == "dl-stream"
+
+
+def test_the_cli_sets_the_policy_refuses_a_missing_topic_and_pulls_the_copy(capsys, pub, warehouse):
+    import json as _json
+
+    from deltabus import cli
+
+    def deltabus(*argv: str, code: int = 0) -> str:
+        got = cli.main(["--warehouse", warehouse, "--project", "cli", *argv])
+        cap = capsys.readouterr()
+        assert got == code, cap.err
+        return cap.out if code == 0 else cap.err
+
+    deltabus("topics", "create", "orders")
+    err = deltabus("subscriptions", "create", "orders-dl", "--topic", "orders", "--dead-letter-topic", "dlq", code=1)
+    assert "dead_letter_policy.dead_letter_topic" in err and "projects/cli/topics/dlq" in err
+    deltabus("topics", "create", "dlq")
+    deltabus("subscriptions", "create", "dlq-pull", "--topic", "dlq")
+    deltabus("subscriptions", "create", "orders-dl", "--topic", "orders", "--dead-letter-topic", "dlq", "--max-delivery-attempts", "5")
+    pub.publish_batch("projects/cli/topics/orders", [{"data": b"cli"}])
+    with SubscriberClient(warehouse=warehouse) as client:
+        for _ in range(5):
+            (got,) = pull(client, "projects/cli/subscriptions/orders-dl")
+            nack(client, "projects/cli/subscriptions/orders-dl", [got])
+    assert deltabus("pull", "orders-dl") == ""  # the would-be 6th delivery moved it instead
+    (line,) = deltabus("pull", "dlq-pull", "--ack").splitlines()
+    copy = _json.loads(line)
+    assert copy["data"] == "cli" and copy["attributes"]["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+    assert copy["attributes"]["CloudPubSubDeadLetterSourceSubscriptionProject"] == "cli"

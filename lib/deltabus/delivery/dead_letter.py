@@ -24,7 +24,7 @@ Contract.
   reruns. So a message is never lost, never delivered after it was marked, and is in both
   places only between commits 2 and 3 (and a later run always completes 3).
 - **The copy** (``carry``): a new message id, derived from (sub_uid, message id, key) so
-  every rerun builds the same row; data, attributes and ordering key of the source message
+  every rerun builds the same row (40 digits, see ``dead_letter_id``); data, attributes and ordering key of the source message
   (read from the messages table by id), plus ``CloudPubSubDeadLetterSourceDeliveryCount``
   (the deliveries made: the row's delivery_attempt), ``...SourceSubscription`` (the
   subscription id), ``...SourceSubscriptionProject`` (its project) and
@@ -94,21 +94,31 @@ def app_id(sub_uid: str) -> str:
     return f"dlq:{sub_uid}"
 
 
+def _digits(text: str, n: int) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest(), 16) % 10**n
+
+
+def sub_tag(sub_uid: str) -> str:
+    """8 digits naming the source subscription inside its copies' ids."""
+    return f"{_digits(sub_uid, 8):08d}"
+
+
 def dead_letter_id(sub_uid: str, message_id: str, key: int) -> str:
     """The copy's message id: a function of (subscription, message, move key) alone, so a
-    rerun of the copy builds the same row. It keeps the source id's leading publish time
-    (ids sort by time; ``ids``), then ``dl`` and the source sub_uid (``copies_of`` counts a
-    subscription's copies by it), then 16 hex digits of a hash of all three."""
-    digest = hashlib.sha256(f"{sub_uid}/{message_id}/{key}".encode()).hexdigest()[:16]
-    return f"{message_id[:16]}dl{sub_uid}{digest}"
+    rerun of the copy builds the same row. 40 digits (ack ids carry digit ids; published
+    ids have 32, ``ids``): the source id's leading 16 (its publish time, so ids still sort
+    roughly by time), ``sub_tag(sub_uid)`` (``copies_of`` counts a subscription's copies by
+    it; two subscriptions share a tag with odds of 1 in 10^8), and 16 digits of a hash of
+    all three."""
+    return f"{message_id[:16]:0>16}{sub_tag(sub_uid)}{_digits(f'{sub_uid}/{message_id}/{key}', 16):016d}"
 
 
 def copies_of(engine: Engine, sub: SubscriptionRecord, topic: TopicRecord) -> int:
     """How many of `sub`'s messages are on the dead-letter `topic` (reads the message_id
     column of that topic's partition only; for the backlog)."""
-    ids = engine.snapshot(MESSAGES.name).read(columns=["message_id"], partition=topic.topic_uid)["message_id"]
-    marker = pc.utf8_slice_codeunits(ids.cast(pa.string()), 16, 18 + len(sub.sub_uid))
-    return int(pc.sum(pc.equal(marker, "dl" + sub.sub_uid)).as_py() or 0)
+    ids = engine.snapshot(MESSAGES.name).read(columns=["message_id"], partition=topic.topic_uid)["message_id"].cast(pa.string())
+    ours = pc.and_(pc.equal(pc.utf8_length(ids), 40), pc.equal(pc.utf8_slice_codeunits(ids, 16, 24), sub_tag(sub.sub_uid)))
+    return int(pc.sum(pc.cast(ours, pa.int64())).as_py() or 0)
 
 
 def rfc3339_us(us: int) -> str:
