@@ -182,3 +182,37 @@ def test_the_cli_sets_the_policy_refuses_a_missing_topic_and_pulls_the_copy(caps
     copy = _json.loads(line)
     assert copy["data"] == "cli" and copy["attributes"]["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
     assert copy["attributes"]["CloudPubSubDeadLetterSourceSubscriptionProject"] == "cli"
+
+
+@pytest.mark.spark
+@pytest.mark.cluster  # delta-spark MERGEs take seconds each on this machine
+def test_on_delta_spark_the_mark_holds_the_row_against_an_ack_and_recovery_moves_it(spark, pub, csub, topic, dlq, warehouse, monkeypatch):
+    """The engine-specific part: Spark's MERGE runs the GIVE_UP clause (a mark, with the
+    intent's app transaction), its ACK clause leaves a marked row alone, and the keyed copy
+    and the drop run on delta-spark. The first five deliveries are made on delta-rs."""
+    from deltabus.delivery.dead_letter import DeadLetterMover
+    from deltabus.storage import open_engine
+    from tests.conftest import requires_delta
+
+    requires_delta(spark)
+    dl_topic, dl_sub = dlq
+    s = make(csub, topic, "spark-dl", dl_topic, 5)
+    pub.publish_batch(topic, [{"data": b"spark"}])
+    for _ in range(5):
+        (last,) = pull(csub, s)
+        nack(csub, s, [last])
+    engine = open_engine(warehouse, engine="delta-spark", spark=spark, create=False)
+    client = SubscriberClient(engine=engine)
+    try:
+        monkeypatch.setattr(DeadLetterMover, "finish", lambda self, engine, key: None)  # "crash" after the mark
+        assert pull(client, s) == []
+        client.acknowledge(subscription=s, ack_ids=[last.ack_id])  # the 5th delivery's ack id: refused, the row is marked
+        rows = engine.snapshot("deliveries").read(columns=["message_id", "dead_letter_key"], partition=client._sub(s).sub_uid)
+        assert rows.num_rows == 1 and rows["dead_letter_key"][0].as_py() is not None
+        monkeypatch.undo()
+        assert pull(client, s) == []  # recovers first: copy and drop on delta-spark
+        assert engine.snapshot("deliveries").read(columns=["message_id"], partition=client._sub(s).sub_uid).num_rows == 0
+    finally:
+        client.close()
+    (copy,) = pull(csub, dl_sub)
+    assert copy.message.data == b"spark" and copy.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
