@@ -5,17 +5,26 @@ messages without a key are not held back."""
 
 from __future__ import annotations
 
+import base64
+import json
 import random
+import threading
 import time
 from collections import defaultdict
 
 import pytest
 
-from deltabus import PublisherClient, SubscriberClient
+from deltabus import PublisherClient, config
+from deltabus.policy.pacing import CommitPacing
+from deltabus.push.job import DeliveryJob
 from deltabus.types import PublisherOptions
+from tests.endpoints import Behaviour, Endpoint
 
 KEYS = ("red", "green", "blue")
 PER_KEY = 500
+# The push job has one message per key out at a time, and a push's outcome comes back to the
+# job's next commit (a round of ~0.4 s here): 500 per key would take minutes, so push uses 12.
+PUSH_PER_KEY = 12
 
 
 def publish_interleaved(warehouse: str, topic: str, per_key: int = PER_KEY, batches: int = 3) -> dict[str, list[bytes]]:
@@ -127,3 +136,64 @@ def test_a_nack_brings_back_what_followed_it_and_keyless_messages_flow(warehouse
         assert [r.message.data for r in sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages] == []
     finally:
         pub.stop()
+
+
+def push_per_key(received) -> dict[str, list[tuple[bytes, int]]]:
+    """Per ordering key, (data, status) of every push the endpoint answered, in arrival order."""
+    out: dict[str, list[tuple[bytes, int]]] = defaultdict(list)
+    for r, status in received:
+        body = json.loads(r.body)["message"]
+        out[body.get("orderingKey", "")].append((base64.b64decode(body["data"]), status))
+    return out
+
+
+@pytest.mark.spark
+def test_push_sends_one_message_per_key_at_a_time_in_order_with_random_failures(spark, warehouse, psub, topic):
+    """A real endpoint answering 500 at random (seeded): per key, each message is pushed
+    until it succeeds, and only then the next one, so the messages succeed in publish
+    order and never two of a key are out at once (a retry always repeats the failed one)."""
+    per_key = PUSH_PER_KEY
+    rnd = random.Random(13)
+    answered: list = []
+    lock = threading.Lock()
+
+    def respond(r, n) -> tuple[int, float]:
+        status = 500 if rnd.random() < 0.1 else 204
+        with lock:
+            answered.append((r, status))
+        return status, 0.0
+
+    with Endpoint(Behaviour(respond)) as ep:
+        name = psub.subscription_path("local", "ordered-push")
+        psub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True,
+                                          "push_config": {"push_endpoint": ep.url}})
+        order = publish_interleaved(warehouse, topic, per_key=per_key)
+        settings = config.Settings(warehouse=warehouse, allow_http=True, trigger_interval=0.05, backlog_interval=5.0,
+                                   engine="delta-rs")
+        # Commit every batch: the pacing that batches commits at load only slows one-per-key rounds.
+        job = DeliveryJob(spark, settings, pacing=CommitPacing(max_interval=0.0))
+        try:
+            deadline = time.monotonic() + 120
+            batch = 0
+            while time.monotonic() < deadline:
+                batch += 1
+                job.process(None, batch)
+                with lock:
+                    done = sum(1 for _, s in answered if s == 204)
+                if done >= len(KEYS) * per_key:
+                    break
+        finally:
+            job.close()
+    pushes = push_per_key(answered)
+    failures = 0
+    for k in KEYS:
+        expected = iter(order[k][:per_key])
+        want = next(expected)
+        for data, status in pushes[k]:
+            assert data == want, (k, data, want)  # the next one only after this one succeeded
+            if status == 204:
+                want = next(expected, None)
+            else:
+                failures += 1
+        assert want is None, k
+    assert failures >= 2

@@ -94,16 +94,21 @@ def read_held_keys(
     now: float,
     exclude: frozenset[str] = frozenset(),
     due: DueFilter | None = None,
+    released: frozenset[str] = frozenset(),
 ) -> pa.Array:
     """Ordering keys held at `now` (``policy.ordering.KeyState.held``): the distinct keys of
     the rows that are not due (a lease running, a nack waiting out its retry delay) or are
     in `exclude` (the push job's in-flight ids). Called only for subscriptions with message
     ordering, so the default path reads nothing more. Reads one column of the rows that
-    have a key and a lease: its cost follows the outstanding messages, not the backlog."""
+    have a key and a lease: its cost follows the outstanding messages, not the backlog.
+    `released`: ids acked in the very MERGE the leases go into (the push job's acks of this
+    batch); they hold nothing, so the next message of their key may go in the same commit."""
     waiting = pc.invert(available_filter(now) if due is None else due(now))
-    if exclude:
-        ids = pa.array(sorted(exclude), pa.string())
-        waiting = waiting | pc.field("message_id").cast(pa.string()).isin(ids)
+    message_id = pc.field("message_id").cast(pa.string())
+    if exclude - released:
+        waiting = waiting | message_id.isin(pa.array(sorted(exclude - released), pa.string()))
+    if released:
+        waiting = waiting & pc.invert(message_id.isin(pa.array(sorted(released), pa.string())))
     rows = snap.read(
         ["ordering_key"], partition=sub_uid,
         filter=pc.field("lease_expires").is_valid() & (pc.field("ordering_key").cast(pa.string()) != "") & waiting,

@@ -87,9 +87,11 @@ def execute(
         fan = from_batch(engine, snap, sub, batch, first, last, keep=policy.keep)
         txns.extend(fan.txns(uid))
         # Ordering keys (issue 13): one outstanding message per key, counting the in-flight ids
-        # (their keys are held); read only for subscriptions with ordering, and only with room.
+        # (their keys are held) but not the ones this MERGE acks (the next of the key may go
+        # now: a push round per message, not two); read only with ordering, and only with room.
         ordered = policy.eligible is not None
-        held = read_held_keys(snap, uid, now, plan.exclude, policy.due) if ordered and plan.room > 0 else None
+        acked = frozenset(outcomes[uid][0]["message_id"].to_pylist()) if ordered and uid in outcomes else frozenset()
+        held = read_held_keys(snap, uid, now, plan.exclude, policy.due, acked) if ordered and plan.room > 0 else None
         if ordered and held is None:
             held = NO_KEYS.held
         # One per key: read more than the room, so a key with many messages due leaves room for others.
