@@ -205,3 +205,29 @@ def test_push_sends_one_message_per_key_at_a_time_in_order_with_random_failures(
                 failures += 1
         assert want is None, k
     assert failures == sum(fails.values()) >= 3
+
+
+def test_a_failed_publish_pauses_its_key_until_resume_publish(warehouse, pub, topic):
+    from deltabus import NotFound, OrderingNotEnabled
+    from deltabus.errors import OrderingKeyPaused
+    from tests.conftest import table_versions
+
+    ordered = PublisherClient(warehouse=warehouse, publisher_options=PublisherOptions(enable_message_ordering=True))
+    try:
+        ordered.publish(topic, b"a1", ordering_key="a").result(30)
+        pub.delete_topic(topic=topic)
+        with pytest.raises(NotFound):
+            ordered.publish(topic, b"a2", ordering_key="a").result(30)  # the commit fails: key a pauses
+        pub.create_topic(name=topic)
+        before = table_versions(warehouse)
+        with pytest.raises(OrderingKeyPaused, match="resume_publish"):
+            ordered.publish(topic, b"a3", ordering_key="a").result(30)  # at once, nothing written
+        assert table_versions(warehouse) == before
+        assert ordered.publish(topic, b"b1", ordering_key="b").result(30)  # other keys and no key go on
+        assert ordered.publish(topic, b"n1").result(30)
+        ordered.resume_publish(topic, "a")
+        assert ordered.publish(topic, b"a4", ordering_key="a").result(30)
+    finally:
+        ordered.stop()
+    with pytest.raises(OrderingNotEnabled):
+        PublisherClient(warehouse=warehouse).resume_publish(topic, "a")
