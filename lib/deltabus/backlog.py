@@ -9,7 +9,9 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .delivery import dead_letter
 from .delivery.cursor import pending_range, read_unfanned
+from .delivery.hooks import hooks_for
 from .registry import SubscriptionRecord
 from .storage import Engine
 from .storage.tables import BACKLOG, BACKLOG_HISTORY, DELIVERIES
@@ -34,6 +36,10 @@ class BacklogStats:
     backoff_reason: str | None = None  # the backoff's main cause: "http 503", "timeout", "connection refused", ...
     last_status: str | None = None  # the latest push outcome: "http 204", "http 503", "timeout", ...
     last_error: str | None = None  # the latest failure, kept after recovery
+    # Dead-letter policy only (issue 13; null without one): the subscription's messages on its
+    # dead-letter topic, and those past max_delivery_attempts held because that topic is gone.
+    dead_lettered: int | None = None
+    dead_letter_blocked: int | None = None
 
     @property
     def num_unacked_messages(self) -> int:
@@ -75,7 +81,12 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
             filter=pc.field("delivery_attempt") > 0, prune="delivery_attempt > 0",
         )
     cursor, latest = pending_range(engine, snap, sub)
-    unfanned = read_unfanned(engine, sub, cursor + 1, latest)
+    # Messages not fanned out yet count only if the subscription's filter keeps them: the
+    # others will never be delivered (acked at fan-out), as Pub/Sub's backlog leaves them out.
+    keep = hooks_for(sub).keep
+    unfanned = read_unfanned(engine, sub, cursor + 1, latest, attributes=keep is not None)
+    if keep is not None:
+        unfanned = unfanned.filter(keep(unfanned))
     now_ts = ts_scalar(now)
     delivered = pc.greater(rows["delivery_attempt"], 0)
     delivered_n = _count(delivered)
@@ -84,6 +95,7 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
     mins = [m for m in (oldest_row, pc.min(unfanned["publish_time"]).as_py() if unfanned.num_rows else None) if m is not None]
     oldest = min(mins, default=None)
     age = max(0.0, now - oldest.timestamp()) if oldest is not None else 0.0
+    dead_lettered, blocked = dead_letter.backlog_figures(engine, sub, rows["delivery_attempt"], lambda: now)
     return BacklogStats(
         subscription=sub.name,
         topic=sub.topic,
@@ -92,6 +104,8 @@ def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats
         oldest_unacked_message_age=age,
         expired_ack_deadlines=int(delivered_n - outstanding),
         updated_at=utc(now),
+        dead_lettered=dead_lettered,
+        dead_letter_blocked=blocked,
     )
 
 

@@ -144,7 +144,8 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _subscription_dict(s: Any) -> dict[str, Any]:
-    """What `subscriptions get/list` show: name, topic, every field with a flag, the push config."""
+    """What `subscriptions get/list` show: name, topic, every field with a flag, the retry and
+    dead-letter policies (null: none), the push config."""
     from . import subscription_fields
 
     pc = s.push_config
@@ -152,14 +153,48 @@ def _subscription_dict(s: Any) -> dict[str, Any]:
     for fld in subscription_fields.WITH_FLAG:
         value = getattr(s, fld.name)
         shown[fld.name] = dict(value) if isinstance(value, Mapping) else value
+    retry, dead = s.retry_policy, s.dead_letter_policy
     return {
         **shown,
+        "retry_policy": None if retry is None else {"minimum_backoff": retry.minimum_backoff, "maximum_backoff": retry.maximum_backoff},
+        "dead_letter_policy": None if dead is None else {
+            "dead_letter_topic": dead.dead_letter_topic, "max_delivery_attempts": dead.max_delivery_attempts},
         "push_endpoint": pc.push_endpoint,
         "oidc_service_account": pc.oidc_token.service_account_email if pc.oidc_token else "",
         "oidc_audience": pc.oidc_token.audience if pc.oidc_token else "",
         "no_wrapper": pc.no_wrapper is not None,
         "write_metadata": bool(pc.no_wrapper and pc.no_wrapper.write_metadata),
     }
+
+
+def _policy_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The retry and dead-letter policies the flags describe, by field name: a dict, or None
+    to clear it (``--clear-*``, update only); a policy whose flags are not given is absent.
+    Checked here, before anything is opened, so an error names the flag."""
+    from .types import DeadLetterPolicy, RetryPolicy
+
+    out: dict[str, Any] = {}
+    backoffs = {k: v for k, v in (("minimum_backoff", args.min_backoff), ("maximum_backoff", args.max_backoff)) if v is not None}
+    if getattr(args, "clear_retry_policy", False):
+        if backoffs:
+            raise InvalidArgument("--clear-retry-policy", "cannot be given with --min-backoff or --max-backoff")
+        out["retry_policy"] = None
+    elif backoffs:
+        out["retry_policy"] = backoffs
+        RetryPolicy.coerce(backoffs)
+    if getattr(args, "clear_dead_letter_policy", False):
+        if args.dead_letter_topic is not None or args.max_delivery_attempts is not None:
+            raise InvalidArgument("--clear-dead-letter-policy", "cannot be given with --dead-letter-topic or --max-delivery-attempts")
+        out["dead_letter_policy"] = None
+    elif args.dead_letter_topic is not None:
+        dead: dict[str, Any] = {"dead_letter_topic": _topic(args, args.dead_letter_topic)}
+        if args.max_delivery_attempts is not None:
+            dead["max_delivery_attempts"] = args.max_delivery_attempts
+        DeadLetterPolicy.coerce(dead)
+        out["dead_letter_policy"] = dead
+    elif args.max_delivery_attempts is not None:
+        raise InvalidArgument("--max-delivery-attempts", "needs --dead-letter-topic (a dead-letter policy is both)")
+    return out
 
 
 def _field_flag_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,7 +247,7 @@ def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
 def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
     if args.action == "create":
         push = _push_config(args)  # checked before the warehouse is opened
-        given = _field_flag_values(args)
+        given = {**_field_flag_values(args), **_policy_flags(args)}
         sub = _subscriber(args, _allow_http(args))
         request: dict[str, Any] = {"name": _sub(args, args.name), "topic": _topic(args, args.topic), **given}
         if push is not None:
@@ -227,7 +262,7 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
         print(json.dumps(_subscription_dict(_subscriber(args).get_subscription(subscription=_sub(args, args.name))), indent=2), file=out)
     elif args.action == "update":
         name = _sub(args, args.name)
-        given = _field_flag_values(args)
+        given = {**_field_flag_values(args), **_policy_flags(args)}
         body: dict[str, Any] = {"name": name, **given}
         mask = list(given)
         if args.pull:
@@ -240,6 +275,7 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
             from .subscription_fields import WITH_FLAG
 
             flags = [f.cli.flag for f in WITH_FLAG if f.cli is not None and f.updatable]
+            flags += ["--min-backoff", "--max-backoff", "--clear-retry-policy", "--dead-letter-topic", "--clear-dead-letter-policy"]
             raise InvalidArgument("update", f"nothing to change: give {', '.join(flags)}, --push-endpoint or --pull")
         s = _subscriber(args, _allow_http(args)).update_subscription(subscription=body, update_mask=mask)
         print(f"updated {s.name}: {', '.join(mask)}", file=out)
@@ -407,6 +443,16 @@ PUSH_FLAGS = {
     "push_config.no_wrapper": "--no-wrapper",
     "push_config": "--push-endpoint",
 }
+# The delivery policies' flags (issue 13); RetryPolicy and DeadLetterPolicy name their own
+# sub-fields, as PushConfig does.
+POLICY_FLAGS = {
+    "retry_policy.minimum_backoff": "--min-backoff",
+    "retry_policy.maximum_backoff": "--max-backoff",
+    "retry_policy": "--min-backoff",
+    "dead_letter_policy.dead_letter_topic": "--dead-letter-topic",
+    "dead_letter_policy.max_delivery_attempts": "--max-delivery-attempts",
+    "dead_letter_policy": "--dead-letter-topic",
+}
 
 
 class _Subcommands(Protocol):
@@ -460,6 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
             text = flag.update_help if update else flag.create_help
             if flag.collect == "pairs":
                 q.add_argument(flag.flag, action="append", metavar=flag.metavar, help=text)
+            elif flag.collect == "switch":
+                q.add_argument(flag.flag, action="store_const", const=True, help=text)
             elif flag.parse is not None:
                 q.add_argument(flag.flag, type=flag.parse, metavar=flag.metavar, help=text)
             else:
@@ -467,20 +515,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command(cmds, "subscriptions", "create, list, get, update or delete subscriptions")
     sa = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    def policy_options(q: argparse.ArgumentParser, update: bool) -> None:
+        """The retry and dead-letter policies' flags (each policy is built from two)."""
+        retry = q.add_argument_group("retry policy", "giving either backoff sets a policy; the other takes its default")
+        retry.add_argument("--min-backoff", type=_seconds, metavar="SECONDS", help="0..600 (default 10)")
+        retry.add_argument("--max-backoff", type=_seconds, metavar="SECONDS", help="0..600 (default 600)")
+        dead = q.add_argument_group("dead-letter policy")
+        dead.add_argument("--dead-letter-topic", metavar="TOPIC", help="publish messages delivered too often here (must exist)")
+        dead.add_argument("--max-delivery-attempts", type=int, metavar="N", help="with --dead-letter-topic: 5..100 (default 5)")
+        if update:
+            retry.add_argument("--clear-retry-policy", action="store_true", help="remove the retry policy (redeliver at once)")
+            dead.add_argument("--clear-dead-letter-policy", action="store_true", help="remove the dead-letter policy")
+
     c = command(sa, "create", "create a subscription",
-                {"name": "SUBSCRIPTION", "topic": "--topic", **{f.name: f.cli.flag for f in WITH_FLAG if f.cli}, **PUSH_FLAGS})
+                {"name": "SUBSCRIPTION", "topic": "--topic", **{f.name: f.cli.flag for f in WITH_FLAG if f.cli}, **PUSH_FLAGS,
+                 **POLICY_FLAGS})
     c.add_argument("name", metavar="SUBSCRIPTION")
     c.add_argument("--topic", required=True)
     field_options(c, update=False)
+    policy_options(c, update=False)
     push_options(c)
     command(sa, "list", "list the project's subscriptions")
     g = command(sa, "get", "show one subscription as JSON", {"subscription": "SUBSCRIPTION"})
     g.add_argument("name", metavar="SUBSCRIPTION")
-    u = command(sa, "update", "change the ack deadline, labels or push configuration",
+    u = command(sa, "update", "change the ack deadline, labels, push configuration, retry or dead-letter policy",
                 {"subscription.name": "SUBSCRIPTION", **{f"subscription.{f.name}": f.cli.flag for f in WITH_FLAG if f.cli},
-                 **PUSH_FLAGS})
+                 **PUSH_FLAGS, **POLICY_FLAGS})
     u.add_argument("name", metavar="SUBSCRIPTION")
     field_options(u, update=True)
+    policy_options(u, update=True)
     mode = u.add_mutually_exclusive_group()
     mode.add_argument("--pull", action="store_true", help="turn into a pull subscription")
     push_options(u, endpoint=mode)

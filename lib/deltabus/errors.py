@@ -72,3 +72,17 @@ class OrderingNotEnabled(DeltabusError, ValueError, RuntimeError):
     IllegalStateException): this is both a ValueError and a RuntimeError, so code written
     against either catches it.
     """
+
+
+class OrderingKeyPaused(DeltabusError, RuntimeError):
+    """A publish with an ordering key whose earlier publish failed (issue 13, as Pub/Sub's
+    publisher client): the key stays paused, and its publishes fail at once without being
+    written, until ``PublisherClient.resume_publish(topic, ordering_key)``."""
+
+    def __init__(self, topic: str, ordering_key: str) -> None:
+        self.topic = topic
+        self.ordering_key = ordering_key
+        super().__init__(
+            f"ordering_key {ordering_key!r} on {topic}: paused after a failed publish; "
+            "call resume_publish(topic, ordering_key) to publish with it again"
+        )

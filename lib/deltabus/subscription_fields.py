@@ -39,8 +39,19 @@ import pyarrow as pa
 from . import names
 from ._call_args import required
 from .errors import InvalidArgument
+from .policy import filter_syntax
 from .timestamps import TS
-from .types import NoWrapper, OidcToken, PushConfig, Subscription, validate_ack_deadline, validate_labels
+from .types import (
+    MAX_FILTER_BYTES,
+    DeadLetterPolicy,
+    NoWrapper,
+    OidcToken,
+    PushConfig,
+    RetryPolicy,
+    Subscription,
+    validate_ack_deadline,
+    validate_labels,
+)
 
 __all__ = [
     "CliFlag",
@@ -72,21 +83,22 @@ class CliFlag:
     """How ``deltabus subscriptions create/update`` takes a field.
 
     ``collect``: ``"one"`` is a single value parsed by ``parse`` (argparse's ``type``);
-    ``"pairs"`` is a repeatable ``KEY=VALUE`` flag giving a dict. On update, giving the
-    flag puts the field in the update mask."""
+    ``"pairs"`` is a repeatable ``KEY=VALUE`` flag giving a dict; ``"switch"`` takes no
+    value and sets the (boolean) field to True. On update, giving the flag puts the field
+    in the update mask."""
 
     flag: str
     metavar: str
     create_help: str | None = None
     update_help: str | None = None
-    collect: Literal["one", "pairs"] = "one"
+    collect: Literal["one", "pairs", "switch"] = "one"
     parse: Callable[[str], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.flag.startswith("--"):
             raise ValueError(f"CliFlag {self.flag!r}: a flag starts with --")
-        if self.collect == "pairs" and self.parse is not None:
-            raise ValueError(f"CliFlag {self.flag}: KEY=VALUE pairs take no parse function")
+        if self.collect in ("pairs", "switch") and self.parse is not None:
+            raise ValueError(f"CliFlag {self.flag}: {self.collect} flags take no parse function")
 
     @property
     def dest(self) -> str:
@@ -222,6 +234,53 @@ def _map_from_row(cell: Any) -> dict[str, str]:
     return dict(cell)
 
 
+def _retry_policy(value: Any, path: str) -> RetryPolicy | None:
+    # None (or a mask path with the field unset) means no policy: redelivery at once.
+    # RetryPolicy names its own sub-fields (retry_policy.minimum_backoff), as PushConfig does.
+    return RetryPolicy.coerce(value, path)
+
+
+def _retry_row(policy: RetryPolicy) -> dict[str, float]:
+    return {"minimum_backoff": policy.minimum_backoff, "maximum_backoff": policy.maximum_backoff}
+
+
+def _retry_from_row(row: Mapping[str, Any]) -> RetryPolicy:
+    return RetryPolicy(row["minimum_backoff"], row["maximum_backoff"])
+
+
+def _dead_letter_policy(value: Any, path: str) -> DeadLetterPolicy | None:
+    # Only the shape here; that the topic exists is the client's check at create/update time.
+    return DeadLetterPolicy.coerce(value, path)
+
+
+def _dead_letter_row(policy: DeadLetterPolicy) -> dict[str, Any]:
+    return {"dead_letter_topic": policy.dead_letter_topic, "max_delivery_attempts": policy.max_delivery_attempts}
+
+
+def _dead_letter_from_row(row: Mapping[str, Any]) -> DeadLetterPolicy:
+    return DeadLetterPolicy(row["dead_letter_topic"], int(row["max_delivery_attempts"]))
+
+
+def _filter(value: Any, path: str) -> str:
+    """The subscription's filter: "" (or None) is no filter; at most 256 bytes of UTF-8, and
+    Pub/Sub's filter syntax (``policy.filter_syntax``: errors name the 1-based position)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidArgument(path, f"must be a string, got {type(value).__name__}")
+    size = len(value.encode("utf-8"))
+    if size > MAX_FILTER_BYTES:
+        raise InvalidArgument(path, f"must be at most {MAX_FILTER_BYTES} bytes, got {size}")
+    if value:
+        filter_syntax.parse(value, path)
+    return value
+
+
+RETRY_POLICY = pa.struct([pa.field("minimum_backoff", pa.float64()), pa.field("maximum_backoff", pa.float64())])
+DEAD_LETTER_POLICY = pa.struct(
+    [pa.field("dead_letter_topic", pa.string()), pa.field("max_delivery_attempts", pa.int32())]
+)
+
 PUSH_CONFIG = pa.struct(
     [
         pa.field("push_endpoint", pa.string()),
@@ -259,11 +318,31 @@ COLUMNS: tuple[SubscriptionField, ...] = (
         to_row=_map_row, from_row=_map_from_row,
         cli=CliFlag("--label", "KEY=VALUE", update_help="replace the labels", collect="pairs"),
     ),
-    SubscriptionField("enable_message_ordering", pa.bool_(), default=lambda: False, validate=_boolean, from_row=bool),
+    SubscriptionField(
+        "enable_message_ordering", pa.bool_(), default=lambda: False, validate=_boolean, from_row=bool,
+        cli=CliFlag("--enable-message-ordering", "", create_help="deliver each ordering key's messages in order (fixed at creation)",
+                    collect="switch"),
+    ),
     # messages-table version at creation: the subscription point.
     SubscriptionField("start_version", pa.int64(), public=False, settable=False, from_row=int),
     SubscriptionField("create_time", TS, public=False, settable=False),
     SubscriptionField("update_time", TS, public=False, settable=False),
+    # Version 2 (issue 13): the delivery policies. Mutability as Pub/Sub's UpdateSubscription:
+    # the retry and dead-letter policies may change; the filter (like enable_message_ordering)
+    # is fixed at creation. A null policy column is "no policy"; a null filter reads as "".
+    # The CLI builds the two policies from several flags itself (cli._policy_flags).
+    SubscriptionField(
+        "retry_policy", RETRY_POLICY, since=2, updatable=True, default=lambda: None, validate=_retry_policy,
+        to_row=_retry_row, from_row=_retry_from_row,
+    ),
+    SubscriptionField(
+        "dead_letter_policy", DEAD_LETTER_POLICY, since=2, updatable=True, default=lambda: None,
+        validate=_dead_letter_policy, to_row=_dead_letter_row, from_row=_dead_letter_from_row,
+    ),
+    SubscriptionField(
+        "filter", pa.string(), since=2, default=str, validate=_filter,
+        cli=CliFlag("--filter", "EXPRESSION", create_help="Pub/Sub filter over attributes (at most 256 bytes; fixed at creation)"),
+    ),
 )
 
 BY_NAME: dict[str, SubscriptionField] = {c.name: c for c in COLUMNS}

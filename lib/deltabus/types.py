@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
+from . import names
 from .errors import InvalidArgument
 from .validation import check_push_endpoint
 
@@ -19,6 +21,8 @@ __all__ = [
     "PushConfig",
     "OidcToken",
     "NoWrapper",
+    "RetryPolicy",
+    "DeadLetterPolicy",
     "FlowControl",
     "BatchSettings",
     "PublisherOptions",
@@ -210,14 +214,151 @@ def validate_ack_deadline(seconds: object, field_name: str = "ack_deadline_secon
     return seconds
 
 
+# -- delivery policies (issue 13) -------------------------------------------------------------
+MIN_BACKOFF = 0.0
+MAX_BACKOFF = 600.0
+DEFAULT_MINIMUM_BACKOFF = 10.0
+DEFAULT_MAXIMUM_BACKOFF = 600.0
+MIN_DELIVERY_ATTEMPTS = 5
+MAX_DELIVERY_ATTEMPTS = 100
+DEFAULT_MAX_DELIVERY_ATTEMPTS = 5
+
+
+def duration_seconds(value: object, field_name: str) -> float:
+    """A duration as seconds (a float), from what a google-cloud-pubsub user may pass: a number
+    of seconds, a ``datetime.timedelta`` (what proto-plus hands back for a Duration), Pub/Sub's
+    ``{"seconds": n, "nanos": m}`` (a dict or an object with those attributes, as a protobuf
+    Duration), or its JSON form ``"12.5s"``. Raises InvalidArgument naming ``field_name``."""
+    seconds: float
+    if isinstance(value, bool):
+        raise InvalidArgument(field_name, f"must be a duration in seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, _dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text[:-1] if text.endswith("s") else text)
+        except ValueError:
+            raise InvalidArgument(field_name, f"must be a duration such as 10, 10.5 or '10s', got {value!r}") from None
+    elif isinstance(value, Mapping) or (hasattr(value, "seconds") and hasattr(value, "nanos")):
+        parts = dict(value) if isinstance(value, Mapping) else {"seconds": getattr(value, "seconds"), "nanos": getattr(value, "nanos")}
+        unknown = set(parts) - {"seconds", "nanos"}
+        if unknown:
+            raise InvalidArgument(field_name, f"a duration has seconds and nanos, got unknown fields {sorted(unknown)}")
+        whole, nanos = parts.get("seconds", 0) or 0, parts.get("nanos", 0) or 0
+        if isinstance(whole, bool) or not isinstance(whole, int) or isinstance(nanos, bool) or not isinstance(nanos, int):
+            raise InvalidArgument(field_name, f"a duration's seconds and nanos are integers, got {value!r}")
+        seconds = whole + nanos / 1e9
+    else:
+        raise InvalidArgument(
+            field_name, f"must be a duration (seconds, timedelta or {{'seconds': n, 'nanos': m}}), got {type(value).__name__}"
+        )
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field_name, f"must be a finite number of seconds, got {value!r}")
+    return seconds
+
+
+def _show(seconds: float) -> str:
+    return str(int(seconds)) if seconds == int(seconds) else str(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long a nacked or expired message waits before it is due again (Pub/Sub's
+    ``RetryPolicy``): an exponential delay between ``minimum_backoff`` and
+    ``maximum_backoff`` seconds, growing with the message's delivery attempts
+    (``policy/retry.py`` has the formula). Both 0..600 s, minimum <= maximum; a field not
+    given takes Pub/Sub's default (10 s, 600 s). Durations normalise to float seconds:
+    ``RetryPolicy(timedelta(seconds=5))`` equals ``RetryPolicy(5.0)``."""
+
+    minimum_backoff: float = DEFAULT_MINIMUM_BACKOFF
+    maximum_backoff: float = DEFAULT_MAXIMUM_BACKOFF
+
+    def __post_init__(self) -> None:
+        for name in ("minimum_backoff", "maximum_backoff"):
+            path = f"retry_policy.{name}"
+            seconds = duration_seconds(getattr(self, name), path)
+            if not MIN_BACKOFF <= seconds <= MAX_BACKOFF:
+                raise InvalidArgument(path, f"must be 0..600 seconds, got {_show(seconds)}")
+            object.__setattr__(self, name, seconds)
+        if self.minimum_backoff > self.maximum_backoff:
+            raise InvalidArgument(
+                "retry_policy.minimum_backoff",
+                f"must not exceed maximum_backoff ({_show(self.maximum_backoff)}), got {_show(self.minimum_backoff)}",
+            )
+
+    @classmethod
+    def coerce(cls, value: object, field_name: str = "retry_policy") -> "RetryPolicy | None":
+        """A RetryPolicy, a dict with minimum_backoff/maximum_backoff (either may be missing or
+        null: the default), or None (no policy)."""
+        if value is None or isinstance(value, RetryPolicy):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(field_name, f"must be a RetryPolicy, a dict or None, got {type(value).__name__}")
+        given = {k: v for k, v in _only(value, {"minimum_backoff", "maximum_backoff"}, field_name).items() if v is not None}
+        return cls(**given)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPolicy:
+    """Where a message goes once it has been delivered ``max_delivery_attempts`` times without
+    an ack (Pub/Sub's ``DeadLetterPolicy``). ``dead_letter_topic`` is a full topic path;
+    ``max_delivery_attempts`` is 5..100, and 0 means the default 5, as in Pub/Sub."""
+
+    dead_letter_topic: str
+    max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        topic = str(names.parse_topic(self.dead_letter_topic, "dead_letter_policy.dead_letter_topic"))
+        object.__setattr__(self, "dead_letter_topic", topic)
+        attempts = self.max_delivery_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise InvalidArgument("dead_letter_policy.max_delivery_attempts", f"must be an integer, got {attempts!r}")
+        if attempts == 0:
+            attempts = DEFAULT_MAX_DELIVERY_ATTEMPTS
+        if not MIN_DELIVERY_ATTEMPTS <= attempts <= MAX_DELIVERY_ATTEMPTS:
+            raise InvalidArgument("dead_letter_policy.max_delivery_attempts", f"must be 5..100, got {attempts}")
+        object.__setattr__(self, "max_delivery_attempts", attempts)
+
+    @classmethod
+    def coerce(cls, value: object, field_name: str = "dead_letter_policy") -> "DeadLetterPolicy | None":
+        """A DeadLetterPolicy, a dict with dead_letter_topic (required) and
+        max_delivery_attempts (missing, null or 0: 5), or None (no policy)."""
+        if value is None or isinstance(value, DeadLetterPolicy):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(field_name, f"must be a DeadLetterPolicy, a dict or None, got {type(value).__name__}")
+        given = _only(value, {"dead_letter_topic", "max_delivery_attempts"}, field_name)
+        if not given.get("dead_letter_topic"):
+            raise InvalidArgument(f"{field_name}.dead_letter_topic", "is required (a topic path 'projects/P/topics/T')")
+        return cls(given["dead_letter_topic"], given.get("max_delivery_attempts") or 0)
+
+
+MAX_FILTER_BYTES = 256
+
+
 @dataclass(frozen=True, slots=True)
 class Subscription:
+    """A subscription's settings, as google-cloud-pubsub's ``types.Subscription``.
+
+    The delivery policies (issue 13): ``retry_policy`` (None: a nacked or expired message is
+    due again at once), ``dead_letter_policy`` (None: never dead-lettered), ``filter`` ("":
+    every message) and ``enable_message_ordering``. The first two may change through
+    ``update_subscription``; the filter and ordering are fixed at creation, as in Pub/Sub.
+    ``subscription_fields.COLUMNS`` declares every field's rules; a test checks this class
+    against it."""
+
     name: str
     topic: str
     push_config: PushConfig = field(default_factory=PushConfig)
     ack_deadline_seconds: int = DEFAULT_ACK_DEADLINE
     labels: Mapping[str, str] = field(default_factory=dict)
     enable_message_ordering: bool = False
+    retry_policy: RetryPolicy | None = None
+    dead_letter_policy: DeadLetterPolicy | None = None
+    filter: str = ""
 
     @classmethod
     def coerce(cls, value: "Subscription | Mapping[str, Any]") -> "Subscription":
@@ -232,6 +373,10 @@ class Subscription:
         data = dict(value)
         if "push_config" in data:
             data["push_config"] = PushConfig.coerce(data["push_config"])
+        if "retry_policy" in data:
+            data["retry_policy"] = RetryPolicy.coerce(data["retry_policy"])
+        if "dead_letter_policy" in data:
+            data["dead_letter_policy"] = DeadLetterPolicy.coerce(data["dead_letter_policy"])
         return cls(**data)
 
     def with_changes(self, **changes: Any) -> "Subscription":

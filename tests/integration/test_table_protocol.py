@@ -34,9 +34,9 @@ PINNED = {
     "topics": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),
     "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),
     "messages": (1, 4, None, None, {"delta.enableChangeDataFeed": "true", "deltabus.schemaVersion": "1"}),
-    "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "1"}),
-    "backlog": (1, 2, None, None, {"deltabus.schemaVersion": "2"}),
-    "backlog_history": (1, 2, None, None, {"deltabus.schemaVersion": "2"}),
+    "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "2"}),  # 2: dead_letter_key (issue 13)
+    "backlog": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: dead_lettered, dead_letter_blocked (issue 13)
+    "backlog_history": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: as backlog
 }
 
 

@@ -79,7 +79,7 @@ def test_nothing_to_do_is_no_source() -> None:
 
 def test_ordering_hook_holds_back_candidates() -> None:
     # One outstanding message per key, as issue 13 will ask: only the first of key "k" may go.
-    def first_per_key(avail: pa.Table, new: pa.Table) -> tuple[pa.Array, pa.Array]:
+    def first_per_key(avail: pa.Table, new: pa.Table, _keys: object = None) -> tuple[pa.Array, pa.Array]:
         seen: set[str] = set()
         mask = []
         for key in new["ordering_key"].to_pylist():

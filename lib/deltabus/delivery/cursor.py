@@ -46,10 +46,17 @@ def empty_fanout() -> pa.Table:
     return pa.table({c: pa.array([], types[c]) for c in FANOUT_COLUMNS})
 
 
-def read_unfanned(engine: Engine, sub: SubscriptionRecord, first: int, last: int) -> pa.Table:
+def read_unfanned(
+    engine: Engine, sub: SubscriptionRecord, first: int, last: int, *, attributes: bool = False
+) -> pa.Table:
     """The messages of sub's topic appended in versions first..last (inclusive), from the
-    change feed, as FANOUT_COLUMNS (in no particular order)."""
+    change feed, as FANOUT_COLUMNS (in no particular order), plus ``attributes`` last when
+    asked (for a subscription's filter: the column is read only then)."""
+    extra = ["attributes"] if attributes else []
     if last < first:
-        return empty_fanout()
-    rows = engine.snapshot(MESSAGES.name).changes(first, last, _FEED_COLUMNS, partition=sub.topic_uid)
-    return rows.rename_columns([*_FEED_COLUMNS, "message_version"]).select(list(FANOUT_COLUMNS))
+        empty = empty_fanout()
+        field = MESSAGES.schema.field("attributes")
+        return empty.append_column(field, pa.array([], field.type)) if attributes else empty
+    rows = engine.snapshot(MESSAGES.name).changes(first, last, [*_FEED_COLUMNS, *extra], partition=sub.topic_uid)
+    rows = rows.rename_columns([*_FEED_COLUMNS, *extra, "message_version"])
+    return rows.select([*FANOUT_COLUMNS, *extra])

@@ -7,7 +7,10 @@ to commit with them (in the same MERGE). They come from the change feed (pull, a
 push subscription catching up) or from the push stream's micro-batch rows (the push
 job's steady state). At most ``MAX_FANOUT_VERSIONS`` versions are read from the change
 feed per call. Messages the filter drops are never inserted (so never delivered: acked at
-once), and the cursor covers them when it is committed. When that happens differs: the
+once), and the cursor covers them when it is committed. The filter needs the messages'
+``attributes``, which neither FANOUT_COLUMNS nor the push stream's rows carry: with a
+filter (only then) fan-out reads them from the change feed, and drops them again after
+filtering, so a subscription without a filter reads exactly what it did before. When that happens differs: the
 push job commits the cursor with every batch that moves it; pull commits it with its next
 write, or alone once it lags ``IDLE_CURSOR_LAG`` versions, so until then a pull with
 nothing to lease reads (and filters) the same range again on each poll.
@@ -45,13 +48,15 @@ class Fanout(NamedTuple):
 
 
 def prepare(rows: pa.Table, keep: FanoutFilter | None = None) -> pa.Table:
-    """Rows in FANOUT_ORDER, without those the filter drops. Pure."""
-    if rows.num_rows == 0:
-        return rows
-    rows = rows.take(pc.sort_indices(rows, FANOUT_ORDER))
+    """Rows in FANOUT_ORDER, without those the filter drops, as FANOUT_COLUMNS (with a
+    filter, `rows` carry ``attributes`` too, which the filter reads). Pure."""
     if keep is not None:
         rows = rows.filter(keep(rows))
-    return rows
+    if "attributes" in rows.column_names:
+        rows = rows.select(list(FANOUT_COLUMNS))
+    if rows.num_rows == 0:
+        return rows
+    return rows.take(pc.sort_indices(rows, FANOUT_ORDER))
 
 
 def from_change_feed(
@@ -60,14 +65,16 @@ def from_change_feed(
     """The next messages after sub's cursor in `snap`, up to MAX_FANOUT_VERSIONS versions."""
     cursor, latest = pending_range(engine, snap, sub)
     end = min(latest, cursor + MAX_FANOUT_VERSIONS)
-    return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end), keep), cursor, end)
+    return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end, attributes=keep is not None), keep), cursor, end)
 
 
 def batch_rows(batch: pa.Table, topic_uid: str, after: int) -> pa.Table:
     """The micro-batch's messages of one topic published after version `after`, as
-    FANOUT_COLUMNS (the stream's ``version`` renamed at this boundary). Pure."""
+    FANOUT_COLUMNS (the stream's ``version`` renamed at this boundary), plus ``attributes``
+    when the batch has them. Pure."""
     mask = pc.and_(pc.equal(batch["topic_uid"], topic_uid), pc.greater(batch["version"], after))
-    return batch.filter(mask).select(_BATCH_COLUMNS).rename_columns(list(FANOUT_COLUMNS))
+    extra = ["attributes"] if "attributes" in batch.column_names else []
+    return batch.filter(mask).select([*_BATCH_COLUMNS, *extra]).rename_columns([*FANOUT_COLUMNS, *extra])
 
 
 def from_batch(
@@ -85,12 +92,14 @@ def from_batch(
 
     In the steady state the cursor is the batch's start and the rows come from the
     stream's micro-batch; a subscription that lags (new, or switched from pull) catches
-    up from the change feed first (at most MAX_FANOUT_VERSIONS versions per batch).
+    up from the change feed first (at most MAX_FANOUT_VERSIONS versions per batch). A
+    subscription with a filter reads the change feed too unless the batch carries
+    ``attributes`` (the stream's rows do not): one read of the batch's versions of its topic.
     """
     cursor = read_cursor(snap, sub)
     if cursor >= last:
         return Fanout(empty_fanout(), cursor, cursor)
-    if cursor < first:
+    if cursor < first or (keep is not None and "attributes" not in batch.column_names):
         end = min(last, cursor + MAX_FANOUT_VERSIONS)
-        return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end), keep), cursor, end)
+        return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end, attributes=keep is not None), keep), cursor, end)
     return Fanout(prepare(batch_rows(batch, sub.topic_uid, cursor), keep), cursor, last)

@@ -7,6 +7,19 @@ one subscription conflict in Delta and one reruns from a fresh snapshot). The fa
 cursors and any other application transactions commit in the same MERGE. Deciding is
 not done here: the source rows come from the pure functions of ``selection`` and
 ``outcomes``; ``commit`` only writes them.
+
+Nacked rows. ``lease_expires`` at or below ``NACKED_SQL`` (1 us after the epoch) marks a
+nacked delivery; the DEADLINE clause applies only above it, so a deadline extension racing
+a nack can never lease the nacked message again. A nack under a retry policy (issue 13)
+keeps that rule exactly: it stores the NEGATED time the message is due again
+(``delayed_nack_us``), which is still below the mark, so the same clause refuses it, and
+selection reads the due time back (``delivery/retry_delay.py``). The plain NACKED sentinel
+(0) is the special case "due at the epoch", that is at once. Chosen over a due time in the
+future (which the DEADLINE clause could not tell from a live lease) and over a new column
+(a schema version of the deliveries table, and a migration, for one bit). Readers of
+leases need no change: the ``deliveries`` SQL view calls anything before 1970-01-02
+nacked, and the backlog counts a row outstanding only while its lease_expires is after
+now, so a delayed nack shows as nacked, never as outstanding.
 """
 
 from __future__ import annotations
@@ -26,20 +39,39 @@ from .model import Op
 # be told apart from a lease that merely ran out.
 NACKED_US = 0
 NACKED_SQL = "CAST('1970-01-01T00:00:00.000001Z' AS TIMESTAMP)"
+# The largest lease_expires (us) that still marks a nacked row (NACKED_SQL).
+NACKED_MAX_US = 1
+
+
+def delayed_nack_us(due_us: pa.Array) -> pa.Array:
+    """lease_expires (int64 us) of nacks due again at `due_us` (us since the epoch, > 0):
+    the negated due time, at or below the nacked mark (see the module docstring)."""
+    return pc.negate(due_us.cast(pa.int64()))
 
 _MATCHES = "t.delivery_attempt = s.delivery_attempt"
+# A row marked for a dead-letter move belongs to that move until it drops the row
+# (storage/keyed_steps): no outcome or lease may change it meanwhile.
+_UNMARKED = "t.dead_letter_key IS NULL"
 
 # One clause per op, in evaluation order (the first matching clause applies).
 OPS_CLAUSES: Mapping[Op, Clause] = {
-    Op.ACK: MatchedDelete(when=f"s.op = '{Op.ACK.value}' AND {_MATCHES}"),
-    Op.GIVE_UP: MatchedDelete(when=f"s.op = '{Op.GIVE_UP.value}' AND {_MATCHES}"),
+    Op.ACK: MatchedDelete(when=f"s.op = '{Op.ACK.value}' AND {_MATCHES} AND {_UNMARKED}"),
+    # Dead-lettering (issue 13): the decision marks the row with its move's key (the source
+    # row carries it, ``delivery/dead_letter``); the move copies it to the dead-letter topic
+    # and then deletes it. Only on the attempt it was decided on, and never twice.
+    Op.GIVE_UP: MatchedUpdate(
+        {"dead_letter_key": "s.dead_letter_key"},
+        when=f"s.op = '{Op.GIVE_UP.value}' AND {_MATCHES} AND {_UNMARKED} AND s.dead_letter_key IS NOT NULL",
+    ),
     Op.NACK: MatchedUpdate(
-        {"lease_expires": "s.lease_expires"}, when=f"s.op = '{Op.NACK.value}' AND {_MATCHES} AND t.delivery_attempt > 0"
+        {"lease_expires": "s.lease_expires"},
+        when=f"s.op = '{Op.NACK.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND {_UNMARKED}",
     ),
     # An extension never applies to a nacked row: racing a nack, it cannot hold the message back.
     Op.DEADLINE: MatchedUpdate(
         {"lease_expires": "s.lease_expires"},
-        when=f"s.op = '{Op.DEADLINE.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND t.lease_expires > {NACKED_SQL}",
+        when=f"s.op = '{Op.DEADLINE.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND t.lease_expires > {NACKED_SQL}"
+        f" AND {_UNMARKED}",
     ),
     # A lease is granted only on the attempt it was decided on: every lease adds one to
     # delivery_attempt, so of two writers that decided on the same row only the first can
@@ -48,7 +80,7 @@ OPS_CLAUSES: Mapping[Op, Clause] = {
     # seen by neither check, and without this the second lease overwrote the first.
     Op.LEASE: MatchedUpdate(
         {"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"},
-        when=f"s.op = '{Op.LEASE.value}' AND t.delivery_attempt = s.delivery_attempt - 1",
+        when=f"s.op = '{Op.LEASE.value}' AND t.delivery_attempt = s.delivery_attempt - 1 AND {_UNMARKED}",
     ),
     Op.INSERT: NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when=f"s.op = '{Op.INSERT.value}'"),
 }
@@ -64,10 +96,16 @@ def clauses_for(ops: Sequence[Op]) -> list[Clause]:
 
 
 def source_rows(
-    op: Op, sub_uid: str, table: pa.Table, attempt: pa.Array | pa.ChunkedArray, lease: pa.Array | pa.ChunkedArray
+    op: Op,
+    sub_uid: str,
+    table: pa.Table,
+    attempt: pa.Array | pa.ChunkedArray,
+    lease: pa.Array | pa.ChunkedArray,
+    mark: int | None = None,
 ) -> pa.Table:
     """MERGE source rows for `op` from a table with message_id and any deliveries columns
-    (the others are null), with the given delivery attempts and lease_expires."""
+    (the others are null), with the given delivery attempts and lease_expires. `mark`: the
+    dead-letter move's key every row carries (GIVE_UP rows; ``dead_letter.with_key``)."""
     n = table.num_rows
 
     def col(name: str, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
@@ -84,6 +122,7 @@ def source_rows(
             "size_bytes": col("size_bytes", pa.int64()),
             "delivery_attempt": attempt,
             "lease_expires": lease,
+            "dead_letter_key": pa.nulls(n, pa.int64()) if mark is None else pa.repeat(pa.scalar(mark, pa.int64()), n),
         },
         schema=SOURCE_SCHEMA,
     )
@@ -141,7 +180,9 @@ def commit(
     _check_pinned(source, sub_uids)
     metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
     leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
-    if leases and metrics.get("num_target_rows_updated", leases) < leases:
+    # GIVE_UP rows update too (they mark), and are decided on the same snapshot as leases.
+    marks = pc.sum(pc.equal(source["op"], Op.GIVE_UP.value)).as_py() or 0
+    if leases and metrics.get("num_target_rows_updated", leases + marks) < leases + marks:
         # The lease compare-and-set refused some rows: another writer leased them after our
         # snapshot (delta-spark's window before its MERGE reads). Which ones is unknown, so
         # none of this decision's leases may be handed out: rerun it. The leases that did

@@ -18,13 +18,15 @@ from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
+from . import dead_letter
 from .cursor import IDLE_CURSOR_LAG, cursor_app_id
 from .fanout import from_change_feed
 from .hooks import DeliveryHooks, hooks_for
 from .merge import commit
 from .model import IdResult, Lease, OutcomeKind
-from .outcomes import decide, latest_per_message, nack_lease, read_current, rows
-from .selection import read_available, select
+from .outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
+from ..policy.ordering import NO_KEYS, KeyState
+from .selection import read_available, read_held_keys, select
 
 
 def pull(
@@ -44,20 +46,31 @@ def pull(
     (versions of other topics) is moved forward alone."""
     policy = hooks if hooks is not None else hooks_for(sub)
     uid = sub.sub_uid
+    # A dead-letter policy: finish unfinished moves first; a missing topic drops give_up.
+    policy, dead = dead_letter.prepare(engine, sub, policy, clock)
 
-    def fn(snap: Snapshot) -> list[Lease]:
+    def fn(snap: Snapshot) -> tuple[list[Lease], int | None]:
         now = clock()
         fan = from_change_feed(engine, snap, sub, keep=policy.keep)
-        available = read_available(snap, uid, now, max_messages)
+        # Ordering keys: the keys held are read only then; their rows stay out of the read.
+        held = read_held_keys(snap, uid, now, due=policy.due) if policy.eligible is not None else None
+        available = read_available(snap, uid, now, max_messages, due=policy.due, held=held)
+        keys = NO_KEYS if held is None else KeyState(held, available.num_rows < max_messages)
         if available.num_rows == 0 and fan.rows.num_rows == 0:
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])
-            return []
-        chosen = select(uid, available, fan.rows, max_messages, to_us(now + lease_seconds), policy)
-        commit(snap, chosen.parts, [uid], fan.txns(uid))
-        return chosen.leases
+            return [], None
+        chosen = select(uid, available, fan.rows, max_messages, to_us(now + lease_seconds), policy, keys)
+        parts, txns, key = chosen.parts, fan.txns(uid), None
+        if chosen.given_up and dead is not None:  # mark them in this commit (the move's intent)
+            parts, txns, key = dead.mark(snap, parts, txns)
+        commit(snap, parts, [uid], txns)
+        return chosen.leases, key
 
-    return engine.transact(DELIVERIES.name, fn, what=f"pull {sub.name}")
+    leases, key = engine.transact(DELIVERIES.name, fn, what=f"pull {sub.name}")
+    if key is not None and dead is not None:
+        dead.finish(engine, key)  # a crash before this leaves marks that the next pull's recover finishes
+    return leases
 
 
 def _outcome_kind(seconds: float) -> OutcomeKind:
@@ -103,7 +116,10 @@ def modify_deadline(
 
     def fn(snap: Snapshot) -> int:
         source = rows(sub.sub_uid, kind, keyed, _new_lease(kind, keyed, seconds, clock, policy))
-        m = commit(snap, [source], [sub.sub_uid])
+        parts = [source]
+        if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too
+            parts.append(cascade(sub.sub_uid, keyed, snap, clock()))
+        m = commit(snap, parts, [sub.sub_uid])
         return int((m or {}).get("num_target_rows_updated", 0))
 
     return engine.transact(DELIVERIES.name, fn, what=f"modify_ack_deadline {sub.name}")
@@ -160,7 +176,10 @@ def _with_results(
         lease = _new_lease(kind, keyed, seconds, clock, policy) if kind is not OutcomeKind.ACK else None
         current = read_current(snap, sub.sub_uid, [m for m, _ in items])
         decision = decide(sub.sub_uid, kind, items, current, lease)
-        commit(snap, [decision.source], [sub.sub_uid])
+        parts = [decision.source]
+        if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too
+            parts.append(cascade(sub.sub_uid, decision.source.select(["message_id", "delivery_attempt"]), snap, clock()))
+        commit(snap, parts, [sub.sub_uid])
         return decision.results
 
     return engine.transact(DELIVERIES.name, fn, what=what)

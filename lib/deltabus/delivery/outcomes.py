@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..storage import Snapshot
-from ..timestamps import TS
+from ..policy.ordering import followers
+from ..timestamps import TS, ts_scalar
 from .hooks import DeliveryHooks
 from .merge import NACKED_US, source_rows
 from .model import Delivery, IdResult, Op, OutcomeKind, Result
@@ -83,6 +84,33 @@ def nack_lease(policy: DeliveryHooks, nacked: pa.Table, now: float) -> pa.Array 
     if policy.retry_delay is None:
         return None
     return policy.retry_delay(nacked, now)
+
+
+FOLLOWER_COLUMNS = ["message_id", "message_version", "ordering_key", "delivery_attempt"]
+
+
+def read_followers(snap: Snapshot, sub_uid: str, now: float, nacked_ids: Sequence[str]) -> pa.Table:
+    """For the ordering nack cascade (``policy.ordering.followers``): the rows with an
+    ordering key that are outstanding at `now` (lease running) or are the nacked messages
+    themselves (FOLLOWER_COLUMNS). Its cost follows the outstanding messages, not the backlog."""
+    ids = pa.array(sorted(set(nacked_ids)), pa.string())
+    lease = pc.field("lease_expires")
+    return snap.read(
+        FOLLOWER_COLUMNS, partition=sub_uid,
+        filter=lease.is_valid() & (pc.field("ordering_key").cast(pa.string()) != "")
+        & ((lease > ts_scalar(now)) | pc.field("message_id").cast(pa.string()).isin(ids)),
+    )
+
+
+def cascade(sub_uid: str, nacked: pa.Table, snap: Snapshot, now: float) -> pa.Table:
+    """NACK source rows ending the leases of the later outstanding messages of the nacked
+    messages' keys (`nacked`: message_id, delivery_attempt of the nacks that apply), so
+    they come again after them, in order. They get the NACKED sentinel: due at once, yet
+    held back behind their key's nacked head while it waits out any retry delay."""
+    if nacked.num_rows == 0:
+        return rows(sub_uid, OutcomeKind.NACK, nacked.slice(0, 0))
+    after = followers(nacked, read_followers(snap, sub_uid, now, nacked["message_id"].to_pylist()))
+    return rows(sub_uid, OutcomeKind.NACK, after)
 
 
 class Decision(NamedTuple):

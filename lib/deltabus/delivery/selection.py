@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 from ..storage import Snapshot
 from ..storage.tables import DELIVERIES
 from ..timestamps import TS, ts_scalar
-from .hooks import DEFAULT_HOOKS, DeliveryHooks
+from ..policy.ordering import NO_KEYS, KeyState
+from .hooks import DEFAULT_HOOKS, DeliveryHooks, DueFilter
 from .merge import source_rows
 from .model import Lease, Op
 
@@ -47,24 +48,72 @@ def leased_files(now: float) -> Callable[[pa.Table], pa.Array]:
     return skip
 
 
-def empty_available() -> pa.Table:
-    return pa.schema([DELIVERIES.schema.field(c) for c in STATE_COLUMNS]).empty_table()
+def empty_available(with_keys: bool = False) -> pa.Table:
+    columns = STATE_COLUMNS + ["ordering_key"] if with_keys else STATE_COLUMNS
+    return pa.schema([DELIVERIES.schema.field(c) for c in columns]).empty_table()
 
 
-def read_available(snap: Snapshot, sub_uid: str, now: float, limit: int, exclude: frozenset[str] = frozenset()) -> pa.Table:
+def read_available(
+    snap: Snapshot,
+    sub_uid: str,
+    now: float,
+    limit: int,
+    exclude: frozenset[str] = frozenset(),
+    due: DueFilter | None = None,
+    held: pa.Array | None = None,
+) -> pa.Table:
     """The first `limit` deliveries available at `now` that are not in `exclude`, oldest
     messages first (STATE_COLUMNS); reads only the files that can hold them. With
-    ``limit <= 0`` it reads nothing and returns no rows (callers need no guard)."""
+    ``limit <= 0`` it reads nothing and returns no rows (callers need no guard). `due` is
+    the subscription's ``DeliveryHooks.due`` (a retry policy's waits); None: the default
+    ``available_filter``. Either way a file whose every lease runs past `now` is skipped
+    (a policy only ever narrows what is due). `held` (ordering keys: ``read_held_keys``)
+    adds the ``ordering_key`` column and leaves out the rows of those keys, so a key whose
+    earlier messages are outstanding never crowds the others out of the read."""
+    with_keys = held is not None
     if limit <= 0:
-        return empty_available()
+        return empty_available(with_keys)
     # Excluded (in-flight) ids are leased, so rarely available; read enough to cover them anyway.
+    # Rows marked for a dead-letter move belong to it until it drops them (dead_letter.py).
+    unmarked = pc.field("dead_letter_key").is_null()
+    if held is not None and len(held):
+        key = pc.field("ordering_key").cast(pa.string())
+        unmarked = unmarked & (key.is_null() | pc.invert(key.isin(held)))
     rows = snap.read_first(
-        limit + len(exclude), AVAILABLE_ORDER, STATE_COLUMNS, partition=sub_uid,
-        filter=available_filter(now), skip_files=leased_files(now),
+        limit + len(exclude), AVAILABLE_ORDER, STATE_COLUMNS + ["ordering_key"] if with_keys else STATE_COLUMNS, partition=sub_uid,
+        filter=(available_filter(now) if due is None else due(now)) & unmarked, skip_files=leased_files(now),
     )
     if exclude and rows.num_rows:
         rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], pa.array(list(exclude), pa.string()))))
     return rows.slice(0, limit)
+
+
+def read_held_keys(
+    snap: Snapshot,
+    sub_uid: str,
+    now: float,
+    exclude: frozenset[str] = frozenset(),
+    due: DueFilter | None = None,
+    released: frozenset[str] = frozenset(),
+) -> pa.Array:
+    """Ordering keys held at `now` (``policy.ordering.KeyState.held``): the distinct keys of
+    the rows that are not due (a lease running, a nack waiting out its retry delay) or are
+    in `exclude` (the push job's in-flight ids). Called only for subscriptions with message
+    ordering, so the default path reads nothing more. Reads one column of the rows that
+    have a key and a lease: its cost follows the outstanding messages, not the backlog.
+    `released`: ids acked in the very MERGE the leases go into (the push job's acks of this
+    batch); they hold nothing, so the next message of their key may go in the same commit."""
+    waiting = pc.invert(available_filter(now) if due is None else due(now))
+    message_id = pc.field("message_id").cast(pa.string())
+    if exclude - released:
+        waiting = waiting | message_id.isin(pa.array(sorted(exclude - released), pa.string()))
+    if released:
+        waiting = waiting & pc.invert(message_id.isin(pa.array(sorted(released), pa.string())))
+    rows = snap.read(
+        ["ordering_key"], partition=sub_uid,
+        filter=pc.field("lease_expires").is_valid() & (pc.field("ordering_key").cast(pa.string()) != "") & waiting,
+    )
+    return pc.unique(rows["ordering_key"].combine_chunks().cast(pa.string())) if rows.num_rows else NO_KEYS.held
 
 
 class Selection(NamedTuple):
@@ -98,15 +147,17 @@ def select(
     room: int,
     expires_us: int,
     hooks: DeliveryHooks = DEFAULT_HOOKS,
+    keys: KeyState = NO_KEYS,
 ) -> Selection:
     """Lease up to `room` candidates until `expires_us`: `available` rows first (STATE_COLUMNS,
     in AVAILABLE_ORDER), then `fresh` messages (FANOUT_COLUMNS, in FANOUT_ORDER). Every fresh
-    message is inserted; those not leased get attempt 0 and no lease. Pure."""
+    message is inserted; those not leased get attempt 0 and no lease. `keys`: the ordering
+    state the eligibility hook decides with (``read_held_keys`` and the read beside it). Pure."""
     parts: list[pa.Table] = []
     room = max(0, room)
     fresh_ok: list[bool] | None = None
     if hooks.eligible is not None and (available.num_rows or fresh.num_rows):
-        mask_available, mask_fresh = hooks.eligible(available, fresh)
+        mask_available, mask_fresh = hooks.eligible(available, fresh, keys)
         available = available.filter(mask_available)
         fresh_ok = [bool(v) for v in mask_fresh.to_pylist()]
     attempts = pc.add(available["delivery_attempt"], pa.scalar(1, pa.int32())).combine_chunks()

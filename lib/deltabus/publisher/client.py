@@ -184,6 +184,22 @@ class PublisherClient(ClientBase):
             batcher = self._batcher
         return batcher.submit(name, OutgoingMessage(bytes(data), dict(attrs), ordering_key or "", size))
 
+    def resume_publish(self, topic: str, ordering_key: str) -> None:
+        """Resume publishing with `ordering_key` on `topic` after a failed publish paused it
+        (publishes with a paused key fail at once with OrderingKeyPaused, written nowhere).
+        Needs ``PublisherOptions(enable_message_ordering=True)`` (OrderingNotEnabled
+        otherwise, as google-cloud-pubsub). A key that is not paused is left as it is."""
+        self._refuse_if_closed("resume_publish")
+        if not self.publisher_options.enable_message_ordering:
+            raise OrderingNotEnabled(
+                "Cannot resume publishing with an ordering key: message ordering is not enabled in the publisher options"
+            )
+        name = str(names.parse_topic(topic))
+        with self._batcher_lock:
+            batcher = self._batcher
+        if batcher is not None:
+            batcher.resume(name, ordering_key)
+
     def publish_batch(
         self,
         topic: str | None = None,

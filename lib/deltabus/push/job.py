@@ -47,6 +47,9 @@ import pyarrow as pa
 from ..config import Settings
 from ..policy.lease_start import FANOUT_LIMIT, CommitTimes
 from ..policy.pacing import CommitPacing
+from ..delivery import dead_letter
+from ..delivery.dead_letter import DeadLetterMover
+from ..delivery.hooks import hooks_for
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, Snapshot, open_engine
 from ..storage.tables import BACKLOG, DELIVERIES
@@ -197,12 +200,19 @@ class DeliveryJob:
         if subs:
             self._start_pool()
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
+        by_uid = {rec.sub_uid: rec for rec in records.values()}
+        # Dead-letter policies (issue 13): finish any unfinished move first (the batch's MERGE
+        # marks new ones); only subscriptions with a policy read or write anything here.
+        movers = self._dead_letter_movers(subs)
         began = time.monotonic()
         result = self.engine.transact(
-            DELIVERIES.name, lambda snap: self._plan(snap, subs, merging, rows, budget, batch_id), what=f"push batch {batch_id}"
+            DELIVERIES.name, lambda snap: self._plan(snap, subs, merging, rows, budget, batch_id, by_uid, movers),
+            what=f"push batch {batch_id}",
         )
         if result.committed:
             self.commit_times.add(time.monotonic() - began)
+        for uid, key in result.dead_letter_keys.items():  # a crash before this: the next batch's recover finishes it
+            movers[uid].finish(self.engine, key)
         report.fanned_out = result.fanned_out
         report.delivered = self._launch(subs, result.leases, result.leased_at, result.lease_expires)
         self.book.settle(subs)
@@ -230,6 +240,8 @@ class DeliveryJob:
         rows: BatchRows,
         budget: int,
         batch_id: int | None,
+        records: Mapping[str, SubscriptionRecord] | None = None,
+        movers: Mapping[str, DeadLetterMover] | None = None,
     ) -> plan.PlanResult:
         """Plan and commit the batch's MERGE (run by ``engine.transact``: a conflict reruns it).
         The lease budget goes to the subscriptions in order, each up to its window's room."""
@@ -240,11 +252,23 @@ class DeliveryJob:
             room = self.book.room(uid, now, remaining)
             remaining -= room
             lease = rec.ack_deadline_seconds + self.commit_times.allowance(rec.ack_deadline_seconds)
-            plans.append(plan.SubPlan(rec, room, self.book.exclusions(uid, merging), lease))
+            plans.append(plan.SubPlan(rec, room, self.book.exclusions(uid, merging), (movers or {}).get(uid), lease))
         return plan.execute(
             self.engine, snap, plans, merging, rows.rows, rows.first, rows.last, now=now,
-            batch_txn=(self.app_id, batch_id) if batch_id is not None else None, lease_fanout_limit=FANOUT_LIMIT,
+            batch_txn=(self.app_id, batch_id) if batch_id is not None else None, records=records,
+            lease_fanout_limit=FANOUT_LIMIT,
         )
+
+    def _dead_letter_movers(self, subs: Mapping[str, SubscriptionRecord]) -> dict[str, DeadLetterMover]:
+        """The dead-letter moves of the push subscriptions with a policy whose topic exists,
+        each recovered (``dead_letter.prepare``), by uid."""
+        movers: dict[str, DeadLetterMover] = {}
+        for uid, rec in subs.items():
+            if rec.dead_letter_policy is not None:
+                _, found = dead_letter.prepare(self.engine, rec, hooks_for(rec), self._clock, self.registry)
+                if found is not None:
+                    movers[uid] = found
+        return movers
 
     def _collect(self, wait: bool = False) -> Collected | None:
         """What the push workers reported since the last batch (None: no workers yet).

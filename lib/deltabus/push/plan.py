@@ -10,20 +10,26 @@ fan-out or outcome logic lives here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import pyarrow as pa
 
+from ..delivery.dead_letter import DeadLetterMover
 from ..delivery.fanout import from_batch
 from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
 from ..delivery.merge import commit
 from ..delivery.model import OutcomeKind
 from ..delivery.outcomes import nack_lease, rows as outcome_rows
-from ..delivery.selection import read_available, select
+from ..delivery.selection import read_available, read_held_keys, select
+from ..policy.ordering import NO_KEYS, KeyState
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..timestamps import to_us
+
+
+# Ordering keys: how many times the room a batch reads of the due rows, keeping one per key.
+ORDERED_READ_FACTOR = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,9 @@ class SubPlan:
     sub: SubscriptionRecord
     room: int  # leases allowed now (window room, 0 while in backoff)
     exclude: frozenset[str] = frozenset()  # message ids in flight or with an outcome now
+    # Its dead-letter move (``dead_letter.prepare``, run before the batch's transaction);
+    # None: no policy, or its topic is gone, and nothing is given up.
+    dead_letter: DeadLetterMover | None = None
     # How long its leases run from `now`: the ack deadline, plus the time the commit takes
     # (policy/lease_start.py); None = the ack deadline.
     lease_seconds: float | None = None
@@ -49,6 +58,7 @@ class PlanResult:
     committed: bool = False
     leased_at: float = 0.0  # the `now` the leases' deadlines count from
     lease_expires: dict[str, float] = field(default_factory=dict)  # sub_uid -> when its new leases end
+    dead_letter_keys: dict[str, int] = field(default_factory=dict)  # sub_uid -> key of the move marked in this commit
 
 
 def execute(
@@ -62,6 +72,7 @@ def execute(
     *,
     now: float,
     batch_txn: tuple[str, int] | None,
+    records: Mapping[str, SubscriptionRecord] | None = None,
     lease_fanout_limit: int | None = None,
 ) -> PlanResult:
     """Build and commit the batch's single MERGE. `outcomes`: sub_uid -> (acks, nacks) tables
@@ -69,8 +80,10 @@ def execute(
     publish_time, ordering_key, size_bytes, version) of messages versions first..last.
     Called inside ``engine.transact``: a conflict reruns it. Writes nothing when there is
     nothing to write; commits the txns alone when only cursors (or the batch) move.
-    A batch fanning out more than `lease_fanout_limit` rows in all grants no leases
-    (policy/lease_start.py: such a commit would eat them)."""
+    `records` (by sub_uid) gives the policy of a subscription with outcomes but no plan (one
+    that stopped being a push subscription while its pushes were out), so its nacks still
+    get its retry delay. A batch fanning out more than `lease_fanout_limit` rows in all
+    grants no leases (policy/lease_start.py: such a commit would eat them)."""
     parts: list[pa.Table] = []
     txns: list[tuple[str, int]] = []
     result = PlanResult(leased_at=now)
@@ -78,6 +91,8 @@ def execute(
     fans = []
     for plan in plans:
         policy = hooks[plan.sub.sub_uid] = hooks_for(plan.sub)
+        if policy.give_up is not None and plan.dead_letter is None:  # dead-letter topic gone: the message stays
+            policy = hooks[plan.sub.sub_uid] = replace(policy, give_up=None)
         fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep))
     fanning = sum(f.rows.num_rows for f in fans)
     leasing = lease_fanout_limit is None or fanning <= lease_fanout_limit
@@ -87,9 +102,26 @@ def execute(
         policy = hooks[uid]
         room = plan.room if leasing else 0
         txns.extend(fan.txns(uid))
-        available = read_available(snap, uid, now, room, plan.exclude)  # empty, reading nothing, when room <= 0
-        chosen = select(uid, available, fan.rows, room, to_us(now + plan.lease_length), policy)
-        parts.extend(chosen.parts)
+        # Ordering keys (issue 13): one outstanding message per key, counting the in-flight ids
+        # (their keys are held) but not the ones this MERGE acks (the next of the key may go
+        # now: a push round per message, not two); read only with ordering, and only with room.
+        ordered = policy.eligible is not None
+        acked = frozenset(outcomes[uid][0]["message_id"].to_pylist()) if ordered and uid in outcomes else frozenset()
+        held = read_held_keys(snap, uid, now, plan.exclude, policy.due, acked) if ordered and room > 0 else None
+        if ordered and held is None:
+            held = NO_KEYS.held
+        # One per key: read more than the room, so a key with many messages due leaves room for others.
+        limit = room * ORDERED_READ_FACTOR if ordered else room
+        available = read_available(snap, uid, now, limit, plan.exclude, due=policy.due, held=held)  # empty, reading nothing, when room <= 0
+        keys = KeyState(held, available.num_rows < limit) if held is not None else NO_KEYS
+        chosen = select(uid, available, fan.rows, room, to_us(now + plan.lease_length), policy, keys)
+        chosen_parts = chosen.parts
+        if chosen.given_up and plan.dead_letter is not None:  # marked in this MERGE; the job finishes the move after it
+            chosen_parts, dl_txns, key = plan.dead_letter.mark(snap, chosen_parts, [])
+            txns.extend(dl_txns)
+            if key is not None:
+                result.dead_letter_keys[uid] = key
+        parts.extend(chosen_parts)
         if chosen.leases:
             result.leases[uid] = [(lease.message_id, lease.delivery_attempt) for lease in chosen.leases]
             result.lease_expires[uid] = now + plan.lease_length
@@ -98,7 +130,8 @@ def execute(
         if acks.num_rows:
             parts.append(outcome_rows(uid, OutcomeKind.ACK, acks))
         if nacks.num_rows:
-            lease = nack_lease(hooks.get(uid, DEFAULT_HOOKS), nacks, now)
+            policy = hooks.get(uid) or (hooks_for(records[uid]) if records and uid in records else DEFAULT_HOOKS)
+            lease = nack_lease(policy, nacks, now)
             parts.append(outcome_rows(uid, OutcomeKind.NACK, nacks, lease))
     if not parts and not txns:
         return result

@@ -208,6 +208,10 @@ DELIVERIES = TableSpec(
             # null = available now; otherwise the ack deadline of the current lease.
             pa.field("lease_expires", TS),
         ),
+        # Version 2 (issue 13, dead-letter topics): the key of the ``MarkedMove`` the row
+        # belongs to while it is being moved to a dead-letter topic; null otherwise. A
+        # marked row is left alone by leases and outcomes until the move drops it.
+        (pa.field("dead_letter_key", pa.int64()),),
     ),
     partition_by=("sub_uid",),
     # Small files (~2k rows) in message-id order: a lease or ack MERGE then rewrites only
@@ -240,6 +244,13 @@ _BACKLOG_LAYERS = (
         pa.field("backoff_reason", pa.string()),
         pa.field("last_status", pa.string()),
         pa.field("last_error", pa.string()),
+    ),
+    # Version 3 (issue 13, dead-letter topics; null without a dead-letter policy): the
+    # subscription's messages on its dead-letter topic, and the messages past
+    # max_delivery_attempts that stay because that topic no longer exists.
+    (
+        pa.field("dead_lettered", pa.int64()),
+        pa.field("dead_letter_blocked", pa.int64()),
     ),
 )
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .. import ackid, backlog, config, names, pagination, subscription_fields, watch
 from ..watch import LogWatcher
-from ..delivery import operations as delivery
+from ..delivery import dead_letter, operations as delivery
 from ..delivery.payloads import fetch_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
@@ -106,6 +106,7 @@ class SubscriberClient(ClientBase):
         )
         settings = subscription_fields.create_settings(f, {"push_config": self._check_push})
         topic_rec = self._registry.topic(settings.topic)
+        dead_letter.check_topic(self._registry, settings.dead_letter_policy)  # issue 13: NotFound, nothing written
         rec = self._registry.create_subscription(settings, topic_rec)
         return rec.public()
 
@@ -153,8 +154,11 @@ class SubscriberClient(ClientBase):
         subscription: Subscription | Mapping[str, Any] | None = None,
         update_mask: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     ) -> Subscription:
-        """Change the fields named in update_mask (the updatable ones: ack_deadline_seconds,
-        push_config, labels; see ``subscription_fields.UPDATABLE``)."""
+        """Change the fields named in update_mask (the updatable ones, as Pub/Sub's:
+        ack_deadline_seconds, push_config, labels, retry_policy, dead_letter_policy; see
+        ``subscription_fields.UPDATABLE``). A path whose field the subscription leaves unset
+        (None) clears it: ``retry_policy`` or ``dead_letter_policy`` then means no policy.
+        ``filter`` and ``enable_message_ordering`` are fixed at creation."""
         f = fields("update_subscription", request, {"subscription", "update_mask"}, subscription=subscription, update_mask=update_mask)
         raw = required(f, "subscription", "update_subscription")
         mask = required(f, "update_mask", "update_subscription")
@@ -179,6 +183,9 @@ class SubscriberClient(ClientBase):
             raise InvalidArgument("subscription", f"must be a Subscription or a dict, got {type(raw).__name__}")
         rec = self._sub(sub_name, "subscription.name")
         changes = subscription_fields.update_changes(values, paths, {"push_config": self._check_push})
+        if "dead_letter_policy" in changes:  # issue 13: the new topic exists; the old policy's moves finish first
+            dead_letter.check_topic(self._registry, changes["dead_letter_policy"])
+            dead_letter.settle_before_change(self._engine, rec, self._clock, self._registry)
         new = self._registry.replace_subscription(replace(rec, **changes))
         return new.public(self._registry.topic_is_live(new.topic_uid))
 
@@ -382,6 +389,8 @@ class SubscriberClient(ClientBase):
         manager = StreamingPullManager(
             _ClientLeaseOps(self, name), name, callback, flow_control, executor=scheduler, clock=self._clock,
             await_callbacks_on_shutdown=await_callbacks_on_shutdown,
+            # Asked at each callback error (rare), so a policy set or cleared meanwhile counts.
+            has_retry_policy=lambda: self._sub(name).retry_policy is not None,
         )
         with self._streams_lock:
             if self._closed:  # close() ran since the check on entry: start nothing

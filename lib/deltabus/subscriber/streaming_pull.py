@@ -93,8 +93,10 @@ class StreamingPullManager:
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
         await_callbacks_on_shutdown: bool = False,
+        has_retry_policy: Callable[[], bool] = lambda: False,
     ) -> None:
         self._ops = ops
+        self._has_retry_policy = has_retry_policy
         self._subscription = subscription
         self._callback = callback
         self._flow = flow_control
@@ -221,13 +223,21 @@ class StreamingPullManager:
 
         As google-cloud-pubsub (``_wrap_callback_errors`` with ``on_callback_error=
         future.set_exception``): the first callback error resolves the future with that
-        exception while the stream keeps running; ``cancel()`` stops it.
+        exception while the stream keeps running; ``cancel()`` stops it. When the
+        subscription has a retry policy (``has_retry_policy``, asked at the error) the
+        message is nacked, as Pub/Sub's client does, and the policy's delay applies; the
+        stream's own growing delay (``policy.redelivery``) is only for subscriptions
+        without one, which Pub/Sub itself would redeliver at once.
         """
-        delay = after_callback_error(message.delivery_attempt, self._rand())
+        policy = self._has_retry_policy()
+        delay = 0 if policy else after_callback_error(message.delivery_attempt, self._rand())
         with self._lock:
             still_held = message.ack_id in self._held
         if still_held:  # the callback did not ack or nack before raising
-            self._submit("modack", message, delay)
+            if policy:
+                self._submit("nack", message)
+            else:
+                self._submit("modack", message, delay)
             self._release(message.ack_id)
         # One line, no payload; the exception's own text is cut to one line and 200 chars.
         text = " ".join(str(exc).split())
@@ -235,7 +245,8 @@ class StreamingPullManager:
             "callback raised on %s for message %s (delivery attempt %d): %s: %s; %s",
             self._subscription, message.message_id, message.delivery_attempt, type(exc).__name__,
             text[:200] + ("..." if len(text) > 200 else ""),
-            f"redelivering in {delay}s" if still_held else "it had acked or nacked the message already",
+            ("nacked: the retry policy delays it" if policy else f"redelivering in {delay}s")
+            if still_held else "it had acked or nacked the message already",
         )
         log.debug("traceback of the callback error for message %s on %s", message.message_id, self._subscription, exc_info=exc)
         self.future.resolve_with_callback_error(exc)
