@@ -4,6 +4,8 @@ its checkpoint (nothing delivered twice, nothing lost)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -35,15 +37,31 @@ def test_delta_spark_stream_reads_the_change_feed_and_restarts_from_its_checkpoi
     with Endpoint() as ep:
         s = psub.subscription_path("local", "restarted")
         psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
-        first = pub.publish_batch(topic, [{"data": f"a{i}".encode()} for i in range(30)])
-        one = runner.run(spark, _settings(warehouse), until_idle=True, max_seconds=120)
-        assert one.stopped_because == "nothing left to deliver or retry"
+        # Published while the job runs: the stream starts at the table's latest version, so
+        # only a commit after the start gives its Delta source an offset to record.
+        stop = threading.Event()
+        runs: list[runner.RunSummary] = []
+        job = threading.Thread(target=lambda: runs.append(runner.run(spark, _settings(warehouse), stop=stop, max_seconds=120)))
+        job.start()
+        try:
+            deadline = time.time() + 90
+            while time.time() < deadline and not _offset_logs(checkpoint):
+                time.sleep(0.2)
+            first = pub.publish_batch(topic, [{"data": f"a{i}".encode()} for i in range(30)])
+            while time.time() < deadline and len({json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()}) < 30:
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            job.join(120)
+        one = runs[0]
         logs = _offset_logs(checkpoint)
         assert logs, "the delta-spark job keeps its own checkpoint"
         # Its stream source is Delta's (readStream.format("delta") with the change feed):
         # Delta's offsets name the table and its version.
-        delta_offsets = [json.loads(line) for line in logs[-1].read_text().splitlines() if "reservoirVersion" in line]
-        assert len(delta_offsets) == 1
+        delta_offsets = [
+            json.loads(line) for log in logs for line in log.read_text().splitlines() if "reservoirVersion" in line
+        ]
+        assert delta_offsets and all("reservoirId" in o for o in delta_offsets)
         last_batch = int(logs[-1].name)
 
         second = pub.publish_batch(topic, [{"data": f"b{i}".encode()} for i in range(30)])  # while no job runs

@@ -1,9 +1,9 @@
 from deltabus.policy.lease_start import MARGIN, WINDOW, CommitTimes, allowance
 
 
-def test_no_allowance_before_a_commit_is_timed() -> None:
-    assert allowance([], 10.0) == 0.0
-    assert CommitTimes().allowance(10.0) == 0.0
+def test_the_longest_allowance_before_a_commit_is_timed() -> None:
+    assert allowance([], 10.0) == 10.0
+    assert CommitTimes().allowance(600.0) == 600.0
 
 
 def test_the_longest_recent_commit_with_a_margin_capped_at_one_deadline() -> None:
