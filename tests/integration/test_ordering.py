@@ -231,3 +231,52 @@ def test_a_failed_publish_pauses_its_key_until_resume_publish(warehouse, pub, to
         ordered.stop()
     with pytest.raises(OrderingNotEnabled):
         PublisherClient(warehouse=warehouse).resume_publish(topic, "a")
+
+
+def test_subscribe_runs_one_callback_per_key_at_a_time_in_order_with_random_nacks(warehouse, sub, topic):
+    name = sub.subscription_path("local", "ordered-stream")
+    sub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True, "ack_deadline_seconds": 60})
+    order = publish_interleaved(warehouse, topic)
+    rnd = random.Random(13)
+    # which messages the callback nacks on their first delivery, drawn up front (seeded), so
+    # the outcome does not depend on thread timing
+    nack_first = {d for k in KEYS for d in order[k] if rnd.random() < 0.02}
+    calls: dict[str, list[tuple[bytes, str]]] = defaultdict(list)
+    running: set[str] = set()
+    overlaps: list[str] = []
+    seen: set[bytes] = set()
+    lock = threading.Lock()
+    done = threading.Event()
+    acked = [0]
+
+    def callback(message) -> None:
+        k, data = message.ordering_key, message.data
+        with lock:
+            if k in running:
+                overlaps.append(k)
+            running.add(k)
+            first = data not in seen
+            seen.add(data)
+        time.sleep(0)  # let another callback of the key run now, if the stream allowed one
+        with lock:
+            running.discard(k)
+            if first and data in nack_first:
+                calls[k].append((data, "nack"))
+                message.nack()
+                return
+            calls[k].append((data, "ack"))
+            acked[0] += 1
+            if acked[0] == len(KEYS) * PER_KEY:
+                done.set()
+        message.ack()
+
+    future = sub.subscribe(name, callback)
+    try:
+        assert done.wait(60), acked[0]
+    finally:
+        future.cancel()
+    assert overlaps == []
+    assert len(nack_first) >= 10
+    for k in KEYS:
+        want = [x for d in order[k] for x in ([(d, "nack")] if d in nack_first else []) + [(d, "ack")]]
+        assert calls[k] == want, k
