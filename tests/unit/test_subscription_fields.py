@@ -176,7 +176,8 @@ def test_every_table_records_its_version_and_later_columns_are_nullable():
     for spec in ALL:
         assert spec.properties[SCHEMA_VERSION_KEY] == str(spec.version)
         assert all(f.nullable for layer in spec.layers[1:] for f in layer)
-    assert BACKLOG.version == 2 and [f.name for f in BACKLOG.layers[1]] == ["backoff_until", "backoff_reason", "last_status", "last_error"]
+    assert BACKLOG.version == 3 and [f.name for f in BACKLOG.layers[1]] == ["backoff_until", "backoff_reason", "last_status", "last_error"]
+    assert [f.name for f in BACKLOG.layers[2]] == ["dead_lettered", "dead_letter_blocked"]  # issue 13
     with pytest.raises(ValueError, match="must be nullable"):
         TableSpec("t", ((pa.field("a", pa.string()),), (pa.field("b", pa.string(), nullable=False),)))
 
