@@ -24,8 +24,8 @@ Contract.
   reruns. So a message is never lost, never delivered after it was marked, and is in both
   places only between commits 2 and 3 (and a later run always completes 3).
 - **The copy** (``carry``): a new message id, derived from (sub_uid, message id, key) so
-  every rerun builds the same row (40 digits, see ``dead_letter_id``); data, attributes and ordering key of the source message
-  (read from the messages table by id), plus ``CloudPubSubDeadLetterSourceDeliveryCount``
+  every rerun builds the same row (40 digits, see ``dead_letter_id``); data, attributes
+  and ordering key of the source message (read from the messages table by id), plus ``CloudPubSubDeadLetterSourceDeliveryCount``
   (the deliveries made: the row's delivery_attempt), ``...SourceSubscription`` (the
   subscription id), ``...SourceSubscriptionProject`` (its project) and
   ``...SourceTopicPublishTime`` (the source message's publish time, RFC 3339 UTC with a Z).
@@ -37,7 +37,10 @@ Contract.
   (Pub/Sub keeps it too); the backlog counts such messages (``dead_letter_blocked``).
   Recreating the topic resumes dead-lettering at the next decision.
 
-The default path (no dead-letter policy) reads and writes nothing more than before.
+The default path (no dead-letter policy) runs none of this: no topic lookup, no recovery,
+no mark. What every subscription pays is the ``dead_letter_key IS NULL`` term in lease
+selection's scan filter and in the MERGE clauses (kept for all, not only for subscriptions
+with a policy, so a move left marked when a policy was cleared can never be leased).
 """
 
 from __future__ import annotations
