@@ -68,6 +68,7 @@ def rows(sub_uid: str, ids: list[str], attempt: int = 0) -> pa.Table:
             "size_bytes": pa.array([10] * n, pa.int64()),
             "delivery_attempt": pa.array([attempt] * n, pa.int32()),
             "lease_expires": pa.nulls(n, TS),
+            "dead_letter_key": pa.nulls(n, pa.int64()),  # deliveries schema version 2 (issue 13)
         },
         schema=DELIVERIES.schema,
     )

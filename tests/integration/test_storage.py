@@ -22,6 +22,7 @@ def rows(sub_uid, ids, attempt=0):
             "size_bytes": pa.array([1] * n, pa.int64()),
             "delivery_attempt": pa.array([attempt] * n, pa.int32()),
             "lease_expires": pa.nulls(n, TS),
+            "dead_letter_key": pa.nulls(n, pa.int64()),  # deliveries schema version 2 (issue 13)
         },
         schema=DELIVERIES.schema,
     )

@@ -176,7 +176,8 @@ def test_every_table_records_its_version_and_later_columns_are_nullable():
     for spec in ALL:
         assert spec.properties[SCHEMA_VERSION_KEY] == str(spec.version)
         assert all(f.nullable for layer in spec.layers[1:] for f in layer)
-    assert BACKLOG.version == 2 and [f.name for f in BACKLOG.layers[1]] == ["backoff_until", "backoff_reason", "last_status", "last_error"]
+    assert BACKLOG.version == 3 and [f.name for f in BACKLOG.layers[1]] == ["backoff_until", "backoff_reason", "last_status", "last_error"]
+    assert [f.name for f in BACKLOG.layers[2]] == ["dead_lettered", "dead_letter_blocked"]  # issue 13
     with pytest.raises(ValueError, match="must be nullable"):
         TableSpec("t", ((pa.field("a", pa.string()),), (pa.field("b", pa.string(), nullable=False),)))
 
@@ -185,11 +186,12 @@ def test_plan_migration():
     v1 = BACKLOG.layers[0]
     names = [f.name for f in v1]
     plan = plan_migration(BACKLOG, names, {})
-    assert plan is not None and plan.from_version == 1 and plan.to_version == 2 and plan.set_version
-    assert [f.name for f in plan.add] == [f.name for f in BACKLOG.layers[1]]
-    assert plan_migration(BACKLOG, BACKLOG.schema.names, {SCHEMA_VERSION_KEY: "2"}) is None
+    # Backlog is at version 3 since issue 13's dead-letter figures (2 before).
+    assert plan is not None and plan.from_version == 1 and plan.to_version == 3 and plan.set_version
+    assert [f.name for f in plan.add] == [f.name for layer in BACKLOG.layers[1:] for f in layer]
+    assert plan_migration(BACKLOG, BACKLOG.schema.names, {SCHEMA_VERSION_KEY: "3"}) is None
     stamp = plan_migration(BACKLOG, BACKLOG.schema.names, {})  # columns there, version never recorded
     assert stamp is not None and stamp.add == () and stamp.set_version
     assert recorded_version(BACKLOG, {}) == 1
     with pytest.raises(FailedPrecondition, match="newer deltabus"):
-        plan_migration(BACKLOG, names, {SCHEMA_VERSION_KEY: "3"})
+        plan_migration(BACKLOG, names, {SCHEMA_VERSION_KEY: "4"})

@@ -24,8 +24,8 @@ Contract.
   reruns. So a message is never lost, never delivered after it was marked, and is in both
   places only between commits 2 and 3 (and a later run always completes 3).
 - **The copy** (``carry``): a new message id, derived from (sub_uid, message id, key) so
-  every rerun builds the same row (40 digits, see ``dead_letter_id``); data, attributes and ordering key of the source message
-  (read from the messages table by id), plus ``CloudPubSubDeadLetterSourceDeliveryCount``
+  every rerun builds the same row (40 digits, see ``dead_letter_id``); data, attributes
+  and ordering key of the source message (read from the messages table by id), plus ``CloudPubSubDeadLetterSourceDeliveryCount``
   (the deliveries made: the row's delivery_attempt), ``...SourceSubscription`` (the
   subscription id), ``...SourceSubscriptionProject`` (its project) and
   ``...SourceTopicPublishTime`` (the source message's publish time, RFC 3339 UTC with a Z).
@@ -37,11 +37,15 @@ Contract.
   (Pub/Sub keeps it too); the backlog counts such messages (``dead_letter_blocked``).
   Recreating the topic resumes dead-lettering at the next decision.
 
-The default path (no dead-letter policy) reads and writes nothing more than before.
+The default path (no dead-letter policy) runs none of this: no topic lookup, no recovery,
+no mark. What every subscription pays is the ``dead_letter_key IS NULL`` term in lease
+selection's scan filter and in the MERGE clauses (kept for all, not only for subscriptions
+with a policy, so a move left marked when a policy was cleared can never be leased).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -95,7 +99,8 @@ def app_id(sub_uid: str) -> str:
 
 
 def _digits(text: str, n: int) -> int:
-    return int(hashlib.sha256(text.encode()).hexdigest(), 16) % 10**n
+    value: int = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 10**n
+    return value
 
 
 def sub_tag(sub_uid: str) -> str:
@@ -123,8 +128,6 @@ def copies_of(engine: Engine, sub: SubscriptionRecord, topic: TopicRecord) -> in
 
 def rfc3339_us(us: int) -> str:
     """UTC RFC 3339 with a Z and 0, 3 or 6 fractional digits (as Pub/Sub's timestamps)."""
-    import datetime as dt
-
     t = dt.datetime.fromtimestamp(us // 1_000_000, tz=dt.timezone.utc)
     base, frac = t.strftime("%Y-%m-%dT%H:%M:%S"), us % 1_000_000
     if frac == 0:
@@ -192,7 +195,10 @@ class DeadLetterMover:
 
     def recover(self, engine: Engine) -> list[int]:
         """Finish every move still marked (a crash's leftovers, or a racing owner's); the
-        subscription's owner runs it before deciding. Returns the keys finished."""
+        subscription's owner runs it before deciding. Returns the keys finished. Reads no
+        row when the log's file statistics show no mark in the partition (the usual case)."""
+        if not may_hold_marks(engine.snapshot(DELIVERIES.name), self.sub.sub_uid):
+            return []
         return self.move.recover(engine)
 
     def finish(self, engine: Engine, key: int) -> None:
@@ -210,6 +216,20 @@ class DeadLetterMover:
         except UnfinishedMove:
             return [p for p in parts if not _is_give_up(p)], list(txns), None
         return with_key(parts, intent.key), [*txns, intent.txn], intent.key
+
+
+def may_hold_marks(snap: Snapshot, sub_uid: str) -> bool:
+    """Whether the subscription's partition may hold marked rows: False only when every
+    file's statistics say its ``dead_letter_key`` is all null (files without those
+    statistics, such as ones written before the column existed, count as maybe)."""
+    files = snap.file_stats(partition=sub_uid)
+    if files.num_rows == 0:
+        return False
+    nulls, rows = f"null_count.{MARK_COLUMN}", "num_records"
+    if nulls not in files.column_names or rows not in files.column_names:
+        return True
+    all_null = pc.equal(files[nulls].cast(pa.int64()), files[rows].cast(pa.int64()))
+    return not bool(pc.all(pc.fill_null(all_null, False)).as_py())
 
 
 def _is_give_up(part: pa.Table) -> bool:

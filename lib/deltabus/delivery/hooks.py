@@ -73,7 +73,7 @@ def hooks_for(sub: SubscriptionRecord) -> DeliveryHooks:
         give_up=None if sub.dead_letter_policy is None else give_up_hook(sub.dead_letter_policy.max_delivery_attempts),
     )
     if sub.enable_message_ordering:  # issue 13 ordering keys: push holds one outstanding message per key
-        hooks = replace(hooks, eligible=_ordering_hooks[bool(sub.push_config.push_endpoint)])
+        hooks = replace(hooks, eligible=_ordering_hooks[sub.push_config.is_push])
     return DEFAULT_HOOKS if hooks == DEFAULT_HOOKS else hooks
 
 

@@ -167,7 +167,9 @@ class PublisherClient(ClientBase):
 
         An ``ordering_key`` needs ``PublisherOptions(enable_message_ordering=True)``: without
         it this raises OrderingNotEnabled (a ValueError, as google-cloud-pubsub raises, and a
-        RuntimeError) and publishes nothing.
+        RuntimeError) and publishes nothing. A publish that fails pauses its ordering key:
+        later publishes with that key fail (OrderingKeyPaused, nothing written) until
+        ``resume_publish(topic, ordering_key)`` (see ``batcher``).
         """
         self._refuse_if_stopped("publish")
         if ordering_key and not self.publisher_options.enable_message_ordering:

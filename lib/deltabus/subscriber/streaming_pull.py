@@ -79,6 +79,7 @@ class _Held:
     size: int
     leased_at: float  # wall clock, for max_lease_duration
     dispatched: bool
+    ordering_key: str = ""
 
 
 class StreamingPullManager:
@@ -109,6 +110,9 @@ class StreamingPullManager:
         self._lock = threading.Condition()
         self._held: dict[str, _Held] = {}
         self._on_hold: collections.deque[Message] = collections.deque()
+        # Ordering keys (issue 13, as Pub/Sub's client): one message per key in the callbacks
+        # at a time, in order; key -> the ack id being processed.
+        self._busy_keys: dict[str, str] = {}
         self._dispatched_count = 0
         self._dispatched_bytes = 0
         self._leased_bytes = 0
@@ -186,6 +190,8 @@ class StreamingPullManager:
             if h is None:
                 return
             self._leased_bytes -= h.size
+            if h.ordering_key and self._busy_keys.get(h.ordering_key) == ack_id:
+                del self._busy_keys[h.ordering_key]
             if h.dispatched:
                 self._dispatched_count -= 1
                 self._dispatched_bytes -= h.size
@@ -195,17 +201,29 @@ class StreamingPullManager:
     def _dispatch_on_hold(self) -> None:
         ready: list[Message] = []
         with self._lock:
-            while self._on_hold and fc.may_dispatch(
-                self._dispatched_count, self._dispatched_bytes, self._on_hold[0].size, self._flow
-            ):
+            waiting: collections.deque[Message] = collections.deque()  # keyed messages behind a busy key, in order
+            blocked: set[str] = set()
+            while self._on_hold:
+                key = self._on_hold[0].ordering_key
+                if key and (key in self._busy_keys or key in blocked):
+                    waiting.append(self._on_hold.popleft())
+                    blocked.add(key)
+                    continue
+                if not fc.may_dispatch(self._dispatched_count, self._dispatched_bytes, self._on_hold[0].size, self._flow):
+                    break
                 m = self._on_hold.popleft()
                 h = self._held.get(m.ack_id)
                 if h is None:  # released (e.g. max lease duration) while on hold
                     continue
+                if key:
+                    self._busy_keys[key] = m.ack_id
                 h.dispatched = True
                 self._dispatched_count += 1
                 self._dispatched_bytes += m.size
                 ready.append(m)
+            if waiting:
+                waiting.extend(self._on_hold)
+                self._on_hold = waiting
         for m in ready:
             try:
                 self._executor.submit(self._run_callback, m)
@@ -234,6 +252,7 @@ class StreamingPullManager:
         with self._lock:
             still_held = message.ack_id in self._held
         if still_held:  # the callback did not ack or nack before raising
+            self._drop_followers(message)
             if policy:
                 self._submit("nack", message)
             else:
@@ -272,7 +291,7 @@ class StreamingPullManager:
             messages = [Message(r, self, now) for r in received]
             with self._lock:
                 for m in messages:
-                    self._held[m.ack_id] = _Held(m.size, now, False)
+                    self._held[m.ack_id] = _Held(m.size, now, False, m.ordering_key)
                     self._leased_bytes += m.size
                     self._on_hold.append(m)
             self._dispatch_on_hold()
@@ -359,8 +378,29 @@ class StreamingPullManager:
         self._release(message.ack_id)
 
     def nack(self, message: Message) -> None:
+        self._drop_followers(message)
         self._submit("nack", message)
         self._release(message.ack_id)
+
+    def _drop_followers(self, message: Message) -> None:
+        """Ordering keys: a nacked (or failed) message comes again before what followed it,
+        so the held messages of its key not yet given to the callback are let go unanswered
+        (a nack ends their leases in the core; after a failed callback's delayed redelivery
+        their leases run out), and are redelivered after it."""
+        key = message.ordering_key
+        if not key:
+            return
+        with self._lock:
+            keep: collections.deque[Message] = collections.deque()
+            for m in self._on_hold:
+                if m.ordering_key != key:
+                    keep.append(m)
+                    continue
+                h = self._held.pop(m.ack_id, None)
+                if h is not None:
+                    self._leased_bytes -= h.size
+            self._on_hold = keep
+            self._lock.notify_all()
 
     def modify_ack_deadline(self, message: Message, seconds: int) -> None:
         if seconds == 0:
