@@ -35,8 +35,8 @@ PUBSUB_KEYWORDS = {
         "subscribe": {"subscription", "callback", "flow_control", "scheduler", "use_legacy_flow_control", "await_callbacks_on_shutdown"},
     },
 }
-# Methods without request=, as in google-cloud-pubsub (publish and subscribe are its hand-written ones).
-NO_REQUEST = {PublisherClient: {"publish", "stop", "close"}, SubscriberClient: {"subscribe", "close"}}
+# Methods without request=, as in google-cloud-pubsub (publish, resume_publish and subscribe are its hand-written ones).
+NO_REQUEST = {PublisherClient: {"publish", "resume_publish", "stop", "close"}, SubscriberClient: {"subscribe", "close"}}
 
 
 def public_methods(cls) -> set[str]:
@@ -114,6 +114,8 @@ def _call_refused(client, name, topic, subscription):
         return client.publish(topic, b"x")
     if name == "subscribe":
         return client.subscribe(subscription, print)
+    if name == "resume_publish":
+        return client.resume_publish(topic, "key")
     return getattr(client, name)(request={})
 
 
