@@ -12,8 +12,7 @@ Every micro-batch (``DeliveryJob.on_batch``, the foreachBatch handler; ``process
    the subscription point holds), applies the held acks (delete) and nacks, and leases
    what is due (new, nacked, or past its ack deadline) within each window and outside
    backoff. The commit carries the application transaction (job, batch id);
-4. the new leases' requests (``RequestBuilder``) are queued for the push workers (started
-   with the first batch that sees a push subscription):
+4. the new leases' requests (``RequestBuilder``) are queued for the push workers:
    long-lived tasks on the executors (``pool.PushPool``) that POST them and report each
    outcome back, to be folded in by a later batch. Each worker caps what it holds per
    subscription, so a slow endpoint (an ack deadline of up to 600 s) never holds back
@@ -138,7 +137,7 @@ class DeliveryJob:
         self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=clock)
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
-        self._pool: PushPool | None = None  # started with the first push subscription
+        self._pool: PushPool | None = None  # started with the first pushes
         self.checkpoint = checkpoint_for(settings.checkpoint_path, self.engine.name)
         self.app_id = app_id_for(self.checkpoint)
         self.idle = False
@@ -197,8 +196,6 @@ class DeliveryJob:
         merging = self.book.take_held(s.sub_uid for s in records.values())
         subs = self.push_subscriptions(records)
         report.push_subscriptions = len(subs)
-        if subs:
-            self._start_pool()
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
         by_uid = {rec.sub_uid: rec for rec in records.values()}
         # Dead-letter policies (issue 13): finish any unfinished move first (the batch's MERGE
@@ -312,10 +309,7 @@ class DeliveryJob:
         return sent
 
     def _start_pool(self) -> PushPool:
-        """The push workers, started once there is a push subscription: before the batch
-        that grants their first leases, so their Spark job (task launch, Python workers)
-        starts while that batch commits, not after, and the first leases do not spend
-        their deadline waiting for it."""
+        """The push workers, started with the first pushes."""
         if self._pool is None:
             self._pool = PushPool(self.spark, workers=self.settings.delivery_partitions)
         return self._pool
