@@ -110,7 +110,7 @@ def test_bad_jsonl_line_publishes_nothing(warehouse, tmp_path):
 # -- in-process runs (the same main() the console script calls) -----------------------------
 def deltabus(capsys, warehouse, *argv, code=0):
     """Run the CLI in this process; return (stdout, stderr) after checking its exit code."""
-    got = cli.main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli"})
+    got = cli.main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli", "DELTABUS_ENGINE": "delta-rs"})
     cap = capsys.readouterr()
     assert got == code, cap.err
     if code:

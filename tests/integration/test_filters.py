@@ -145,7 +145,7 @@ def test_push_job_pushes_matching_messages_only(spark, pub, psub, topic, warehou
 
 def test_cli_filter_is_set_at_create_and_shown(warehouse, capsys):
     def deltabus(*argv: str, code: int = 0) -> str:
-        got = cli_main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli"})
+        got = cli_main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli", "DELTABUS_ENGINE": "delta-rs"})
         cap = capsys.readouterr()
         assert got == code, cap.err
         return cap.out if code == 0 else cap.err

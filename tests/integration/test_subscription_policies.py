@@ -60,7 +60,7 @@ def test_bad_policies_write_nothing(sub, topic, subscription, warehouse):
 
 # -- the CLI, in process (the same main() the console script calls) -----------------------------
 def run(capsys, warehouse: str, *argv: str, code: int = 0) -> str:
-    got = cli.main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli"})
+    got = cli.main(["--warehouse", warehouse, *argv], environ={"DELTABUS_PROJECT": "cli", "DELTABUS_ENGINE": "delta-rs"})
     cap = capsys.readouterr()
     assert got == code, cap.err
     return cap.out if code == 0 else cap.err
