@@ -40,19 +40,29 @@ def test_delta_spark_stream_reads_the_change_feed_and_restarts_from_its_checkpoi
         # Published while the job runs: the stream starts at the table's latest version, so
         # only a commit after the start gives its Delta source an offset to record.
         stop = threading.Event()
-        runs: list[runner.RunSummary] = []
-        job = threading.Thread(target=lambda: runs.append(runner.run(spark, _settings(warehouse), stop=stop, max_seconds=120)))
+        runs: list[runner.RunSummary | BaseException] = []
+
+        def run_job() -> None:
+            try:
+                runs.append(runner.run(spark, _settings(warehouse), stop=stop, max_seconds=120))
+            except BaseException as exc:  # seen by the test, not lost in the thread
+                runs.append(exc)
+
+        job = threading.Thread(target=run_job)
         job.start()
         try:
-            deadline = time.time() + 90
-            while time.time() < deadline and not _offset_logs(checkpoint):
+            started = time.time() + 90
+            while time.time() < started and not _offset_logs(checkpoint) and job.is_alive():
                 time.sleep(0.2)
+            assert _offset_logs(checkpoint), f"the job wrote no offset log within 90 s: {runs}"
             first = pub.publish_batch(topic, [{"data": f"a{i}".encode()} for i in range(30)])
-            while time.time() < deadline and len({json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()}) < 30:
+            pushed = time.time() + 90
+            while time.time() < pushed and len({json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()}) < 30:
                 time.sleep(0.2)
         finally:
             stop.set()
             job.join(120)
+        assert not job.is_alive() and len(runs) == 1 and isinstance(runs[0], runner.RunSummary), runs
         one = runs[0]
         logs = _offset_logs(checkpoint)
         assert logs, "the delta-spark job keeps its own checkpoint"

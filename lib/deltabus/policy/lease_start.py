@@ -16,8 +16,10 @@ delta-spark quickstart's 500 first pushes still expired unsent on this machine u
 What makes a commit slow is mostly how many rows it fans out (the first batch above: 30,000
 rows, 25 s; later ones 3-6 s), and that is known only while planning: so a batch that fans
 out more than FANOUT_LIMIT rows grants no leases at all (the next batch leases them, with
-that commit's time in its allowance). On delta-rs such a batch takes well under a second,
-so this costs one micro-batch when a backlog is caught up.
+that commit's time in its allowance), but never twice in a row: under a publish rate that
+fans out more than that in every batch, the job would otherwise lease nothing at all. On
+delta-rs such a batch takes well under a second, so this costs one micro-batch when a
+backlog is caught up.
 """
 
 from __future__ import annotations

@@ -134,6 +134,7 @@ class DeliveryJob:
         self.book = OutcomeLedger(self.registry.subscriptions, clock=clock, rand=rand)
         self.pacer = CommitPacer(pacing, clock())
         self.commit_times = CommitTimes()  # how long this job's commits take: leases start after them
+        self._held_leases = False  # the last commit leased nothing to fan a backlog out first
         self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=clock)
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
@@ -208,6 +209,7 @@ class DeliveryJob:
         )
         if result.committed:
             self.commit_times.add(time.monotonic() - began)
+            self._held_leases = result.held_leases
         for uid, key in result.dead_letter_keys.items():  # a crash before this: the next batch's recover finishes it
             movers[uid].finish(self.engine, key)
         report.fanned_out = result.fanned_out
@@ -253,7 +255,9 @@ class DeliveryJob:
         return plan.execute(
             self.engine, snap, plans, merging, rows.rows, rows.first, rows.last, now=now,
             batch_txn=(self.app_id, batch_id) if batch_id is not None else None, records=records,
-            lease_fanout_limit=FANOUT_LIMIT,
+            # Never twice in a row: under a publish rate that fans out more than the limit in
+            # every batch, the job would otherwise lease nothing for as long as it lasts.
+            lease_fanout_limit=None if self._held_leases else FANOUT_LIMIT,
         )
 
     def _dead_letter_movers(self, subs: Mapping[str, SubscriptionRecord]) -> dict[str, DeadLetterMover]:

@@ -59,6 +59,7 @@ class PlanResult:
     leased_at: float = 0.0  # the `now` the leases' deadlines count from
     lease_expires: dict[str, float] = field(default_factory=dict)  # sub_uid -> when its new leases end
     dead_letter_keys: dict[str, int] = field(default_factory=dict)  # sub_uid -> key of the move marked in this commit
+    held_leases: bool = False  # fanned out over `lease_fanout_limit` rows, so leased nothing
 
 
 def execute(
@@ -96,6 +97,7 @@ def execute(
         fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep))
     fanning = sum(f.rows.num_rows for f in fans)
     leasing = lease_fanout_limit is None or fanning <= lease_fanout_limit
+    result.held_leases = not leasing
     for plan, fan in zip(plans, fans):
         sub = plan.sub
         uid = sub.sub_uid
