@@ -127,6 +127,29 @@ def test_a_deleted_dead_letter_topic_keeps_the_message_on_the_subscription(pub, 
     assert (stats.num_unacked_messages, stats.dead_lettered, stats.dead_letter_blocked) == (1, None, 1)
 
 
+@pytest.mark.parametrize("then", ["keep the policy", "clear the policy"])
+def test_a_move_cut_after_its_mark_whose_topic_is_then_deleted_gives_the_message_back(pub, csub, topic, dlq, monkeypatch, then):
+    from deltabus.delivery import dead_letter
+
+    dl_topic, _ = dlq
+    s = make(csub, topic, "dl-cut", dl_topic, 5)
+    pub.publish_batch(topic, [{"data": b"held"}])
+    for _ in range(5):
+        (got,) = pull(csub, s)
+        nack(csub, s, [got])
+    with monkeypatch.context() as m:
+        m.setattr(dead_letter.DeadLetterMover, "finish", lambda self, engine, key: None)  # the process dies after the mark
+        assert pull(csub, s) == []  # given up: marked, so held
+    pub.delete_topic(topic=dl_topic)
+    if then == "clear the policy":
+        csub.update_subscription(request={"subscription": {"name": s}, "update_mask": {"paths": ["dead_letter_policy"]}})
+    # Nothing left to finish the move with: the mark is released and the message comes back.
+    (again,) = pull(csub, s)
+    assert again.message.data == b"held" and again.delivery_attempt == 6
+    csub.acknowledge(subscription=s, ack_ids=[again.ack_id])
+    assert csub.get_backlog(s).num_unacked_messages == 0
+
+
 def test_subscribe_nacking_every_delivery_sees_exactly_max_attempts(pub, sub, topic):
     t = pub.topic_path("local", "dl-stream-dlq")
     pub.create_topic(name=t)

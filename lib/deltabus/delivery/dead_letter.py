@@ -57,7 +57,7 @@ from .. import names
 from ..errors import NotFound
 from ..registry import Registry, SubscriptionRecord, TopicRecord
 from ..types import DeadLetterPolicy
-from ..storage import Engine, Snapshot
+from ..storage import Engine, MatchedUpdate, Snapshot, literal
 from ..storage.keyed_steps import MarkedMove, UnfinishedMove
 from ..storage.tables import DELIVERIES, MESSAGES
 from ..timestamps import TS, to_us
@@ -196,14 +196,30 @@ class DeadLetterMover:
     def recover(self, engine: Engine) -> list[int]:
         """Finish every move still marked (a crash's leftovers, or a racing owner's); the
         subscription's owner runs it before deciding. Returns the keys finished. Reads no
-        row when the log's file statistics show no mark in the partition (the usual case)."""
+        row when the log's file statistics show no mark in the partition (the usual case).
+        When the dead-letter topic was deleted meanwhile, the marks are released instead
+        (``release``): the messages stay on the subscription."""
         if not may_hold_marks(engine.snapshot(DELIVERIES.name), self.sub.sub_uid):
+            return []
+        if not self._topic_lives(engine):
+            release(engine, self.sub.sub_uid)
             return []
         return self.move.recover(engine)
 
     def finish(self, engine: Engine, key: int) -> None:
-        """Copy then drop the rows marked `key` (each step skipped if done)."""
+        """Copy then drop the rows marked `key` (each step skipped if done); when the
+        dead-letter topic was deleted since this mover was made, release the marks instead,
+        so no copy goes to a deleted topic while its message is dropped."""
+        if not self._topic_lives(engine):
+            release(engine, self.sub.sub_uid)
+            return
         self.move.finish(engine, key)
+
+    def _topic_lives(self, engine: Engine) -> bool:
+        """The dead-letter topic this mover copies to still exists (the same one: a topic
+        deleted and created again under the name has another uid and partition)."""
+        now = Registry(engine, clock=lambda: 0.0).topics().get(self.topic.name)
+        return now is not None and now.topic_uid == self.topic.topic_uid
 
     def mark(self, snap: Snapshot, parts: Sequence[pa.Table], txns: Sequence[tuple[str, int]]) -> tuple[list[pa.Table], list[tuple[str, int]], int | None]:
         """The decision's MERGE parts and app transactions with its GIVE_UP rows marked by a
@@ -285,9 +301,30 @@ def prepare(
         return hooks, None
     found = mover(engine, sub, clock, registry)
     if found is None:
+        release(engine, sub.sub_uid)  # a move left marked when its topic went: the messages stay
         return (replace(hooks, give_up=None) if hooks.give_up is not None else hooks), None
     found.recover(engine)
     return hooks, found
+
+
+def release(engine: Engine, sub_uid: str) -> int:
+    """Clear every mark in the subscription's partition: its unfinished moves are dropped,
+    and their messages are leasable again (delivery_attempt kept). For a move whose
+    dead-letter topic is gone, or whose policy was cleared with the topic gone: without
+    this a row marked by a move that crashed before its copy would never be delivered
+    nor moved. A copy that did reach the gone topic is unreachable there. Reads no row
+    when the log's file statistics show no mark (the usual case). Returns how many."""
+    if not may_hold_marks(engine.snapshot(DELIVERIES.name), sub_uid):
+        return 0
+
+    def attempt(snap: Snapshot) -> int:
+        marked = snap.read(columns=["sub_uid", "message_id"], partition=sub_uid, filter=pc.is_valid(pc.field(MARK_COLUMN)))
+        if marked.num_rows:
+            on = f"t.sub_uid = {literal(sub_uid)} AND t.message_id = s.message_id"
+            snap.merge(marked, on, [MatchedUpdate({MARK_COLUMN: "CAST(NULL AS BIGINT)"}, when=f"t.{MARK_COLUMN} IS NOT NULL")])
+        return int(marked.num_rows)
+
+    return engine.transact(DELIVERIES.name, attempt, what=f"release dead-letter marks of {sub_uid}")
 
 
 def check_topic(registry: Registry, policy: DeadLetterPolicy | None) -> None:
@@ -304,6 +341,8 @@ def settle_before_change(engine: Engine, sub: SubscriptionRecord, clock: Callabl
     found = mover(engine, sub, clock, registry)
     if found is not None:
         found.recover(engine)
+    elif sub.dead_letter_policy is not None:  # its topic is gone: nothing to finish the moves with
+        release(engine, sub.sub_uid)
 
 
 def backlog_figures(
@@ -320,5 +359,5 @@ def backlog_figures(
     topic = Registry(engine, clock=clock).topics().get(policy.dead_letter_topic)
     if topic is not None:
         return copies_of(engine, sub, topic), 0
-    over = pc.greater_equal(attempts, pa.scalar(policy.max_delivery_attempts, pa.int32()))
+    over = pc.greater(attempts, pa.scalar(policy.max_delivery_attempts, pa.int32()))
     return None, int(pc.sum(pc.cast(over, pa.int64())).as_py() or 0)
