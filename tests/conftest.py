@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -59,6 +61,20 @@ def topic(pub: PublisherClient) -> str:
     name = pub.topic_path("local", "orders")
     pub.create_topic(name=name)
     return name
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A wall clock the test moves by hand (tests of deadlines and retry delays)."""
+    return ManualClock(time.time())
+
+
+@pytest.fixture
+def csub(warehouse: str, clock: ManualClock) -> Iterator[SubscriberClient]:
+    """A subscriber whose clock the test moves."""
+    client = SubscriberClient(warehouse=warehouse, clock=clock)
+    yield client
+    client.close()
 
 
 @pytest.fixture

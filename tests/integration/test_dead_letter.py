@@ -27,18 +27,6 @@ ATTRS = (
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(time.time())
-
-
-@pytest.fixture
-def csub(warehouse, clock):
-    client = SubscriberClient(warehouse=warehouse, clock=clock)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def dlq(pub, csub):
     """The dead-letter topic and a pull subscription on it."""
     t = pub.topic_path("local", "dead-letters")

@@ -7,19 +7,6 @@ from tests.conftest import ManualClock, table_versions
 from deltabus.storage.arrow import read_table
 
 
-@pytest.fixture
-def clock():
-    return ManualClock(time.time())
-
-
-@pytest.fixture
-def csub(warehouse, clock):
-    """A subscriber whose clock the test moves."""
-    client = SubscriberClient(warehouse=warehouse, clock=clock)
-    yield client
-    client.close()
-
-
 def pull_all(client, subscription, n=1000):
     return client.pull(subscription=subscription, max_messages=n, return_immediately=True).received_messages
 

@@ -15,18 +15,6 @@ from deltabus.types import RetryPolicy
 from tests.conftest import ManualClock
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(time.time())
-
-
-@pytest.fixture
-def csub(warehouse, clock):
-    client = SubscriberClient(warehouse=warehouse, clock=clock)
-    yield client
-    client.close()
-
-
 def make(csub: SubscriberClient, topic: str, name: str, policy: RetryPolicy | None, deadline: int = 10) -> str:
     path = csub.subscription_path("local", name)
     csub.create_subscription(request={"name": path, "topic": topic, "retry_policy": policy, "ack_deadline_seconds": deadline})
