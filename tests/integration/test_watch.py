@@ -50,9 +50,13 @@ def test_a_waiter_wakes_soon_after_another_thread_commits(table):
         write_deltalake(table, ROW, mode="append")
         committed.append(time.monotonic())
 
-    threading.Thread(target=commit).start()
+    writer = threading.Thread(target=commit)
+    writer.start()
     assert lw.wait_newer(seen, timeout=5.0)
     woke = time.monotonic()
+    # The waiter may wake before write_deltalake has returned (the version file is there
+    # first): wait for the writer before comparing, so the test does not race it.
+    writer.join(10)
     assert committed and woke - committed[0] < 0.3  # 20 ms polls; slack for a loaded machine
     assert lw.current([table]) == {table: 1}
 
