@@ -114,3 +114,24 @@ def test_large_queues_are_split_across_hand_outs_in_order():
     assert first["message_id"].to_pylist() == [str(i) for i in range(6)]
     assert second["message_id"].to_pylist() == ["6", "7"]
     assert first["assignment"][0] != second["assignment"][0]
+
+
+def test_a_request_whose_lease_outlives_its_deadline_is_not_given_up_before_the_lease_ends():
+    # The push job adds its commit time to a lease (policy/lease_start.py): a worker may
+    # still send it until the lease ends, so the ledger does not call it lost before then.
+    clock, wall = Clock(), Clock()
+    d = PushLedger(clock=clock, wall=wall, grace=0.0)
+    table = requests("a", range(2), timeout=10.0)
+    ends = dt.datetime.fromtimestamp(wall.t + 25.0, tz=dt.timezone.utc)
+    table = table.set_column(table.schema.get_field_index("lease_expires"), "lease_expires",
+                             pa.array([ends] * 2, REQUEST_SCHEMA.field("lease_expires").type))
+    d.submit("a", table)
+    clock.t += 11.0
+    assert d.collect().lost == [] and d.queued() == 2  # past the ack deadline, inside the lease
+    clock.t += 15.0
+    assert len(d.collect().lost) == 2  # the lease is over: not sent any more
+    d.submit("a", table.slice(0, 1))
+    work = d.hand_out("w1", {}, per_sub=10, limit=10)
+    assert work is not None
+    clock.t += 0.5
+    assert d.collect().lost == []

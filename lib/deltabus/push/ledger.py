@@ -53,9 +53,12 @@ class Collected:
 class PushLedger:
     """Every push the job queued and not yet settled or given up on; see the module docstring."""
 
-    def __init__(self, *, grace: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, grace: float = 30.0, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
         self.grace = grace
         self._clock = clock
+        self._wall = wall  # for the requests' lease_expires (epoch time)
         self._lock = threading.Lock()
         self._queues: dict[str, collections.deque[_Queued]] = {}
         self._queued_rows: collections.Counter[str] = collections.Counter()
@@ -70,7 +73,9 @@ class PushLedger:
         """Queue one subscription's requests (REQUEST_SCHEMA rows, all of `sub_uid`)."""
         if requests.num_rows == 0:
             return
-        timeout = float(pc.max(requests["timeout_seconds"]).as_py())
+        # Not before its lease ends: a worker may still send it until then (a lease runs past
+        # one ack deadline when the job adds its commit time, policy/lease_start.py).
+        timeout = max(float(pc.max(requests["timeout_seconds"]).as_py()), self._lease_left(requests))
         with self._lock:
             self._queues.setdefault(sub_uid, collections.deque()).append(_Queued(requests, self._clock() + timeout))
             self._queued_rows[sub_uid] += requests.num_rows
@@ -153,7 +158,7 @@ class PushLedger:
                         head.table = head.table.slice(n)
                     parts.append(part)
                     n -= part.num_rows
-                    deadline = max(deadline, now + float(pc.max(part["timeout_seconds"]).as_py()))
+                    deadline = max(deadline, now + max(float(pc.max(part["timeout_seconds"]).as_py()), self._lease_left(part)))
             if not parts:
                 return None
             table = pa.concat_tables(parts)
@@ -162,6 +167,13 @@ class PushLedger:
             keys = set(zip(table["sub_uid"].to_pylist(), table["message_id"].to_pylist()))
             self._assigned[aid] = _Assignment(worker, keys, deadline + self.grace)
         return table.append_column(WORK_SCHEMA.field("assignment"), pa.repeat(pa.scalar(aid, pa.int64()), table.num_rows))
+
+    def _lease_left(self, requests: pa.Table) -> float:
+        """Seconds until the latest lease among `requests` ends (0 without lease_expires)."""
+        if "lease_expires" not in requests.column_names:
+            return 0.0
+        latest = pc.max(requests["lease_expires"].cast(pa.int64())).as_py()
+        return 0.0 if latest is None else max(0.0, latest / 1e6 - self._wall())
 
     def settle(self, results: pa.Table) -> None:
         """A worker's outcomes (RESULT_SCHEMA). Outcomes of an assignment already given up on
