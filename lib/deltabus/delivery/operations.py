@@ -25,8 +25,7 @@ from .hooks import DeliveryHooks, hooks_for
 from .merge import commit
 from .model import IdResult, Lease, OutcomeKind
 from .outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
-from ..policy.ordering import NO_KEYS, KeyState
-from .selection import read_available, read_held_keys, select
+from .selection import read_candidates, select
 
 
 def pull(
@@ -52,10 +51,7 @@ def pull(
     def fn(snap: Snapshot) -> tuple[list[Lease], int | None]:
         now = clock()
         fan = from_change_feed(engine, snap, sub, keep=policy.keep)
-        # Ordering keys: the keys held are read only then; their rows stay out of the read.
-        held = read_held_keys(snap, uid, now, due=policy.due) if policy.eligible is not None else None
-        available = read_available(snap, uid, now, max_messages, due=policy.due, held=held)
-        keys = NO_KEYS if held is None else KeyState(held, available.num_rows < max_messages)
+        available, keys = read_candidates(snap, uid, now, max_messages, policy)
         if available.num_rows == 0 and fan.rows.num_rows == 0:
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])

@@ -116,6 +116,34 @@ def read_held_keys(
     return pc.unique(rows["ordering_key"].combine_chunks().cast(pa.string())) if rows.num_rows else NO_KEYS.held
 
 
+# Ordering keys, one message per key (push): how many times the room a read takes of the
+# due rows, so a key with many messages due leaves room for the other keys.
+ORDERED_READ_FACTOR = 4
+
+
+def read_candidates(
+    snap: Snapshot,
+    sub_uid: str,
+    now: float,
+    room: int,
+    hooks: DeliveryHooks,
+    exclude: frozenset[str] = frozenset(),
+    released: frozenset[str] = frozenset(),
+    read_factor: int = 1,
+) -> tuple[pa.Table, KeyState]:
+    """The due rows ``select`` may lease now (``read_available``) and the ordering state it
+    decides with. Without message ordering (``hooks.eligible`` None) it reads nothing more
+    and the state is ``NO_KEYS``. With it, the keys held (``read_held_keys``; `released`:
+    ids acked in the same MERGE) are read first and their rows left out, and `read_factor`
+    times the room is read."""
+    if hooks.eligible is None:
+        return read_available(snap, sub_uid, now, room, exclude, due=hooks.due), NO_KEYS
+    held = read_held_keys(snap, sub_uid, now, exclude, hooks.due, released) if room > 0 else NO_KEYS.held
+    limit = room * read_factor
+    available = read_available(snap, sub_uid, now, limit, exclude, due=hooks.due, held=held)
+    return available, KeyState(held, available.num_rows < limit)
+
+
 class Selection(NamedTuple):
     parts: list[pa.Table]  # MERGE source rows (SOURCE_SCHEMA)
     leases: list[Lease]  # in lease order

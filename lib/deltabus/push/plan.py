@@ -21,15 +21,10 @@ from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
 from ..delivery.merge import commit
 from ..delivery.model import OutcomeKind
 from ..delivery.outcomes import nack_lease, rows as outcome_rows
-from ..delivery.selection import read_available, read_held_keys, select
-from ..policy.ordering import NO_KEYS, KeyState
+from ..delivery.selection import ORDERED_READ_FACTOR, read_candidates, select
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..timestamps import to_us
-
-
-# Ordering keys: how many times the room a batch reads of the due rows, keeping one per key.
-ORDERED_READ_FACTOR = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +101,11 @@ def execute(
         txns.extend(fan.txns(uid))
         # Ordering keys (issue 13): one outstanding message per key, counting the in-flight ids
         # (their keys are held) but not the ones this MERGE acks (the next of the key may go
-        # now: a push round per message, not two); read only with ordering, and only with room.
-        ordered = policy.eligible is not None
-        acked = frozenset(outcomes[uid][0]["message_id"].to_pylist()) if ordered and uid in outcomes else frozenset()
-        held = read_held_keys(snap, uid, now, plan.exclude, policy.due, acked) if ordered and room > 0 else None
-        if ordered and held is None:
-            held = NO_KEYS.held
-        # One per key: read more than the room, so a key with many messages due leaves room for others.
-        limit = room * ORDERED_READ_FACTOR if ordered else room
-        available = read_available(snap, uid, now, limit, plan.exclude, due=policy.due, held=held)  # empty, reading nothing, when room <= 0
-        keys = KeyState(held, available.num_rows < limit) if held is not None else NO_KEYS
+        # now: a push round per message, not two).
+        acked = frozenset(outcomes[uid][0]["message_id"].to_pylist()) if policy.eligible is not None and uid in outcomes else frozenset()
+        available, keys = read_candidates(  # empty, reading nothing, when room <= 0
+            snap, uid, now, room, policy, plan.exclude, acked, ORDERED_READ_FACTOR
+        )
         chosen = select(uid, available, fan.rows, room, to_us(now + plan.lease_length), policy, keys)
         chosen_parts = chosen.parts
         if chosen.given_up and plan.dead_letter is not None:  # marked in this MERGE; the job finishes the move after it
