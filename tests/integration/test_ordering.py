@@ -286,8 +286,8 @@ def test_subscribe_runs_one_callback_per_key_at_a_time_in_order_with_random_nack
 @pytest.mark.cluster
 def test_delta_spark_holds_keys_and_cascades_a_nack(spark, warehouse, sub, topic):
     """The engine's part of ordering: the held-keys read and the available read that leaves
-    their rows out (Arrow filters with casts and value sets) and the cascade's NACK rows in
-    Spark's MERGE. In the cluster group: delta-spark's reads and MERGEs take seconds each here."""
+    their rows out (Arrow filters with casts and value sets), the cascade's CASCADE rows in
+    Spark's MERGE, and the ACK clause refusing a delivery the cascade ended. In the cluster group: delta-spark's reads and MERGEs take seconds each here."""
     from deltabus.storage import open_engine
     from tests.conftest import requires_delta
 
@@ -307,9 +307,66 @@ def test_delta_spark_holds_keys_and_cascades_a_nack(spark, warehouse, sub, topic
             pub.publish_batch(topic, [{"data": b"a3", "ordering_key": "a"}, {"data": b"n1"}])
             assert [r.message.data for r in client.pull(subscription=name, max_messages=10, return_immediately=True).received_messages] == [b"n1"]
             client.modify_ack_deadline(subscription=name, ack_ids=[first[0].ack_id], ack_deadline_seconds=0)
+            client.acknowledge(subscription=name, ack_ids=[first[1].ack_id])  # a2's ended delivery: the ACK clause refuses it
             again = client.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
             assert [r.message.data for r in again] == [b"a1", b"a2", b"a3"]
         finally:
             client.close()
+    finally:
+        pub.stop()
+
+
+def _pulled(client, name: str) -> list[bytes]:
+    return [r.message.data for r in client.pull(subscription=name, max_messages=10, return_immediately=True).received_messages]
+
+
+def test_an_ack_or_nack_of_a_delivery_the_nack_cascade_ended_does_not_apply(warehouse, sub, topic):
+    """After a nack of a1, the deliveries of a2 and a3 that were out are over: acking a2 by its
+    old ack id would take it out of its key's order (a1 again, then a3), and a nack of a3's
+    old id could hold it behind a retry delay. Both are refused, and a1, a2, a3 come again."""
+    name = sub.subscription_path("local", "ordered-stale")
+    sub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True, "ack_deadline_seconds": 60,
+                                     "retry_policy": {"minimum_backoff": {"seconds": 0}, "maximum_backoff": {"seconds": 0}}})
+    pub = PublisherClient(warehouse=warehouse, publisher_options=PublisherOptions(enable_message_ordering=True))
+    try:
+        pub.publish_batch(topic, [{"data": d, "ordering_key": "a"} for d in (b"a1", b"a2", b"a3")])
+        first = sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+        assert [r.message.data for r in first] == [b"a1", b"a2", b"a3"]
+        sub.modify_ack_deadline(subscription=name, ack_ids=[first[0].ack_id], ack_deadline_seconds=0)
+        sub.acknowledge(subscription=name, ack_ids=[first[1].ack_id])
+        sub.modify_ack_deadline(subscription=name, ack_ids=[first[2].ack_id], ack_deadline_seconds=0)
+        again = sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+        assert [r.message.data for r in again] == [b"a1", b"a2", b"a3"]
+        assert [r.delivery_attempt for r in again] == [2, 2, 2]  # the cascade counts no extra attempt
+        sub.acknowledge(subscription=name, ack_ids=[r.ack_id for r in again])
+        assert _pulled(sub, name) == []
+    finally:
+        pub.stop()
+
+
+def test_a_lease_that_runs_out_brings_back_what_followed_it(warehouse, csub, clock, topic):
+    """a1's lease runs out while a2's and a3's were extended: the next lease decision ends
+    theirs (and leases nothing of key a in that decision), then a1, a2, a3 come in order.
+    Without it a2 and a3 would be processed first and a1 redelivered after them."""
+    name = csub.subscription_path("local", "ordered-expiry")
+    csub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True, "ack_deadline_seconds": 10})
+    pub = PublisherClient(warehouse=warehouse, publisher_options=PublisherOptions(enable_message_ordering=True))
+    try:
+        pub.publish_batch(topic, [{"data": b"a1", "ordering_key": "a"}, {"data": b"a2", "ordering_key": "a"},
+                                  {"data": b"a3", "ordering_key": "a"}, {"data": b"b1", "ordering_key": "b"}])
+        first = csub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+        assert [r.message.data for r in first] == [b"a1", b"a2", b"a3", b"b1"]
+        csub.modify_ack_deadline(subscription=name, ack_ids=[r.ack_id for r in first[1:]], ack_deadline_seconds=60)
+        clock.advance(5)
+        assert _pulled(csub, name) == []  # nothing ran out yet: nothing ends, nothing comes
+        clock.advance(6)  # a1's lease (10 s) has run out; a2, a3 and b1 hold theirs
+        assert _pulled(csub, name) == []  # this decision ends a2's and a3's leases, and key a stays held in it
+        csub.acknowledge(subscription=name, ack_ids=[first[1].ack_id])  # a2's ended delivery: refused
+        again = csub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+        assert [r.message.data for r in again] == [b"a1", b"a2", b"a3"]
+        assert [r.delivery_attempt for r in again] == [2, 2, 2]
+        csub.acknowledge(subscription=name, ack_ids=[r.ack_id for r in again] + [first[3].ack_id])
+        clock.advance(120)
+        assert _pulled(csub, name) == []
     finally:
         pub.stop()

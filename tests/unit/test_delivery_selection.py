@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 
 from deltabus.delivery.fanout import FANOUT_ORDER, prepare
 from deltabus.delivery.hooks import DeliveryHooks
-from deltabus.delivery.merge import SOURCE_SCHEMA
+from deltabus.delivery.merge import OPS_CLAUSES, SOURCE_SCHEMA
 from deltabus.delivery.model import Lease, Op
 from deltabus.delivery.selection import empty_available, select
 from deltabus.delivery.cursor import empty_fanout
@@ -111,4 +111,5 @@ def test_fanout_sorted_by_version_then_id_and_filtered() -> None:
 
 
 def test_op_values_are_the_merge_vocabulary() -> None:
-    assert {o.value for o in Op} == {"insert", "lease", "ack", "nack", "deadline", "give_up"}
+    assert {o.value for o in Op} == {"insert", "lease", "ack", "nack", "deadline", "give_up", "cascade"}
+    assert set(OPS_CLAUSES) == set(Op)  # every op has its MERGE clause

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from deltabus.delivery.hooks import DeliveryHooks, hooks_for
 from deltabus.delivery.selection import select
-from deltabus.policy.ordering import NO_KEYS, KeyState, eligible, followers
+from deltabus.delivery.merge import CASCADED_US
+from deltabus.policy.ordering import NO_KEYS, KeyState, eligible, followers, ran_out
 from deltabus.timestamps import TS
 
 EXPIRES = 1_700_000_010_000_000
@@ -128,3 +130,41 @@ def test_a_nack_ends_the_later_leases_of_its_key_only() -> None:
     assert followers(nacks(("a1", 7)), rows).num_rows == 0
     assert followers(nacks(("n", 1)), rows).num_rows == 0
     assert followers(nacks(), rows).num_rows == 0
+
+
+NOW_US = 1_700_000_000_000_000
+
+
+def leased(*rows: tuple[str, int, str, int, int]) -> pa.Table:
+    """(message_id, message_version, ordering_key, delivery_attempt, lease_expires us)."""
+    return outstanding(*[r[:4] for r in rows]).append_column("lease_expires", pa.array([r[4] for r in rows], pa.int64()))
+
+
+def test_a_lease_that_ran_out_ends_the_running_leases_after_it_in_its_key_only() -> None:
+    later, past = NOW_US + 5_000_000, NOW_US - 1
+    rows = leased(("a1", 1, "a", 1, past), ("a2", 1, "a", 1, later), ("a3", 2, "a", 2, later),
+                  ("b1", 1, "b", 1, later), ("c1", 1, "c", 1, past), ("a0", 0, "a", 1, later))
+    got = ran_out(rows, NOW_US, 1)
+    assert got["message_id"].to_pylist() == ["a2", "a3"]  # a0 came before a1: it stays leased
+    assert got["delivery_attempt"].to_pylist() == [1, 2]
+    assert ran_out(rows, NOW_US - 2, 1).num_rows == 0  # a1's lease had not run out yet
+    # a nacked row (at or below the mark) or one never delivered is no run-out head: a nack
+    # cascades when it is written, and a row never leased has nothing after it leased
+    for head in [("a1", 1, "a", 1, 0), ("a1", 1, "a", 1, 1), ("a1", 1, "a", 1, -NOW_US), ("a1", 1, "a", 0, past)]:
+        assert ran_out(leased(head, ("a2", 1, "a", 1, later)), NOW_US, 1).num_rows == 0, head
+    # a lease ending exactly now has run out; nothing of a key without a running lease is ended
+    assert ran_out(leased(("a1", 1, "a", 1, NOW_US), ("a2", 1, "a", 1, NOW_US + 1)), NOW_US, 1)["message_id"].to_pylist() == ["a2"]
+    assert ran_out(leased(("a1", 1, "a", 1, past), ("a2", 1, "a", 1, past)), NOW_US, 1).num_rows == 0
+    assert ran_out(leased(), NOW_US, 1).num_rows == 0
+
+
+def test_select_ends_the_state_s_ended_leases_in_the_same_source() -> None:
+    ended = pa.table({"message_id": pa.array(["a2"], pa.string()), "delivery_attempt": pa.array([3], pa.int32())})
+    state = KeyState(pa.array(["a"], pa.string()), True, ended)
+    chosen = select("s", avail(("b1", 1, "b")), fresh(), 10, EXPIRES, hooks_for_ordering(), state)
+    source = pa.concat_tables(chosen.parts)
+    assert sorted(zip(source["op"].to_pylist(), source["message_id"].to_pylist())) == [("cascade", "a2"), ("lease", "b1")]
+    cascade = source.filter(pc.equal(source["op"], "cascade"))
+    assert cascade["delivery_attempt"].to_pylist() == [3]  # on the attempt it was decided on
+    assert cascade["lease_expires"].cast(pa.int64()).to_pylist() == [CASCADED_US]
+    assert [lease.message_id for lease in chosen.leases] == ["b1"]

@@ -41,6 +41,13 @@ NACKED_US = 0
 NACKED_SQL = "CAST('1970-01-01T00:00:00.000001Z' AS TIMESTAMP)"
 # The largest lease_expires (us) that still marks a nacked row (NACKED_SQL).
 NACKED_MAX_US = 1
+# lease_expires of a delivery ended by the ordering cascade (``Op.CASCADE``): the nacked mark
+# itself, 1 us, which no nack stores (the sentinel is 0, a delayed nack is negative). So
+# the row is nacked and due at once for every reader, and the ACK and NACK clauses can tell
+# that its ack id is stale: an earlier message of its key came back, so it must come again
+# after it and an ack of the ended delivery may not take it out of that order.
+CASCADED_US = NACKED_MAX_US
+CASCADED_SQL = NACKED_SQL
 
 
 def delayed_nack_us(due_us: pa.Array) -> pa.Array:
@@ -52,10 +59,14 @@ _MATCHES = "t.delivery_attempt = s.delivery_attempt"
 # A row marked for a dead-letter move belongs to that move until it drops the row
 # (storage/keyed_steps): no outcome or lease may change it meanwhile.
 _UNMARKED = "t.dead_letter_key IS NULL"
+# A delivery the ordering cascade ended takes no ack or nack of that delivery (CASCADED_US).
+# Only subscriptions with message ordering ever hold such a row; for the others the
+# comparison is always true (a leased row's lease_expires is never null).
+_NOT_CASCADED = f"t.lease_expires <> {CASCADED_SQL}"
 
 # One clause per op, in evaluation order (the first matching clause applies).
 OPS_CLAUSES: Mapping[Op, Clause] = {
-    Op.ACK: MatchedDelete(when=f"s.op = '{Op.ACK.value}' AND {_MATCHES} AND {_UNMARKED}"),
+    Op.ACK: MatchedDelete(when=f"s.op = '{Op.ACK.value}' AND {_MATCHES} AND {_UNMARKED} AND {_NOT_CASCADED}"),
     # Dead-lettering (issue 13): the decision marks the row with its move's key (the source
     # row carries it, ``delivery/dead_letter``); the move copies it to the dead-letter topic
     # and then deletes it. Only on the attempt it was decided on, and never twice.
@@ -65,7 +76,15 @@ OPS_CLAUSES: Mapping[Op, Clause] = {
     ),
     Op.NACK: MatchedUpdate(
         {"lease_expires": "s.lease_expires"},
-        when=f"s.op = '{Op.NACK.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND {_UNMARKED}",
+        when=f"s.op = '{Op.NACK.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND {_UNMARKED} AND {_NOT_CASCADED}",
+    ),
+    # Ordering keys: an earlier message of the key came back (nacked, or its lease ran out),
+    # so this later delivery ends too and the message comes again after it. Only a delivery
+    # still leased (above the nacked mark) is ended, on the attempt it was decided on.
+    Op.CASCADE: MatchedUpdate(
+        {"lease_expires": "s.lease_expires"},
+        when=f"s.op = '{Op.CASCADE.value}' AND {_MATCHES} AND t.delivery_attempt > 0 AND t.lease_expires > {NACKED_SQL}"
+        f" AND {_UNMARKED}",
     ),
     # An extension never applies to a nacked row: racing a nack, it cannot hold the message back.
     Op.DEADLINE: MatchedUpdate(
@@ -128,6 +147,11 @@ def source_rows(
     )
 
 
+def cascade_rows(sub_uid: str, ended: pa.Table) -> pa.Table:
+    """CASCADE source rows ending the deliveries `ended` (message_id, delivery_attempt)."""
+    return source_rows(Op.CASCADE, sub_uid, ended, ended["delivery_attempt"], pa.repeat(pa.scalar(CASCADED_US, TS), ended.num_rows))
+
+
 def empty_source() -> pa.Table:
     return SOURCE_SCHEMA.empty_table()
 
@@ -180,8 +204,9 @@ def commit(
     _check_pinned(source, sub_uids)
     metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
     leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
-    # GIVE_UP rows update too (they mark), and are decided on the same snapshot as leases.
-    marks = pc.sum(pc.equal(source["op"], Op.GIVE_UP.value)).as_py() or 0
+    # GIVE_UP rows update too (they mark), and so do CASCADE rows beside leases (an expired
+    # head's followers), all decided on the same snapshot as the leases.
+    marks = pc.sum(pc.is_in(source["op"], pa.array([Op.GIVE_UP.value, Op.CASCADE.value]))).as_py() or 0
     if leases and metrics.get("num_target_rows_updated", leases + marks) < leases + marks:
         # The lease compare-and-set refused some rows: another writer leased them after our
         # snapshot (delta-spark's window before its MERGE reads). Which ones is unknown, so

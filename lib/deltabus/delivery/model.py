@@ -21,6 +21,7 @@ class Op(str, Enum):
     NACK = "nack"  # end the lease now (retry delay: the NACKED sentinel today)
     DEADLINE = "deadline"  # move the deadline of a current, not-nacked delivery
     GIVE_UP = "give_up"  # the attempt limit was reached: the row leaves (dead-letter, issue 13)
+    CASCADE = "cascade"  # ordering keys: an earlier message of the key came back; this lease ends too
 
 
 class OutcomeKind(str, Enum):

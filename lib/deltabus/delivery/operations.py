@@ -42,7 +42,8 @@ def pull(
 
     New messages are fanned out from the cursor in the same MERGE. With nothing to lease,
     nothing is written, except that a cursor lagging IDLE_CURSOR_LAG versions behind
-    (versions of other topics) is moved forward alone."""
+    (versions of other topics) is moved forward alone, and that with message ordering the
+    leases a run-out lease ends (``policy.ordering.ran_out``) are ended."""
     policy = hooks if hooks is not None else hooks_for(sub)
     uid = sub.sub_uid
     # A dead-letter policy: finish unfinished moves first; a missing topic drops give_up.
@@ -52,7 +53,7 @@ def pull(
         now = clock()
         fan = from_change_feed(engine, snap, sub, keep=policy.keep)
         available, keys = read_candidates(snap, uid, now, max_messages, policy)
-        if available.num_rows == 0 and fan.rows.num_rows == 0:
+        if available.num_rows == 0 and fan.rows.num_rows == 0 and keys.ended.num_rows == 0:
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])
             return [], None

@@ -4,7 +4,9 @@ Contract: an outcome names one delivery, (message_id, delivery_attempt), and app
 while that delivery is still the current one (same attempt): an ack id from an earlier
 delivery never acks or extends a later one. A nack ends the lease at the retry delay
 (the NACKED sentinel by default); a deadline change never applies to a nacked row, nor
-to a row never delivered. Several ack ids for one message keep the latest delivery's.
+to a row never delivered. Nothing applies to a delivery the ordering cascade ended
+(``merge.CASCADED_US``): its message comes again after its key's earlier one. Several
+ack ids for one message keep the latest delivery's.
 
 ``rows`` builds the source without reading anything (the push job and the counting
 client calls use it). ``decide`` is the PURE per-id decision: given the current rows of
@@ -24,7 +26,7 @@ from ..storage import Snapshot
 from ..policy.ordering import followers
 from ..timestamps import TS, ts_scalar
 from .hooks import DeliveryHooks
-from .merge import NACKED_US, source_rows
+from .merge import CASCADED_US, NACKED_US, cascade_rows, source_rows
 from .model import Delivery, IdResult, Op, OutcomeKind, Result
 
 _OP = {
@@ -103,14 +105,14 @@ def read_followers(snap: Snapshot, sub_uid: str, now: float, nacked_ids: Sequenc
 
 
 def cascade(sub_uid: str, nacked: pa.Table, snap: Snapshot, now: float) -> pa.Table:
-    """NACK source rows ending the leases of the later outstanding messages of the nacked
+    """CASCADE source rows ending the leases of the later outstanding messages of the nacked
     messages' keys (`nacked`: message_id, delivery_attempt of the nacks that apply), so
-    they come again after them, in order. They get the NACKED sentinel: due at once, yet
-    held back behind their key's nacked head while it waits out any retry delay."""
+    they come again after them, in order. They get ``CASCADED_US``: due at once, yet held
+    back behind their key's nacked head while it waits out any retry delay, and their ack
+    ids no longer apply (an ack of one would take it out of its key's order)."""
     if nacked.num_rows == 0:
-        return rows(sub_uid, OutcomeKind.NACK, nacked.slice(0, 0))
-    after = followers(nacked, read_followers(snap, sub_uid, now, nacked["message_id"].to_pylist()))
-    return rows(sub_uid, OutcomeKind.NACK, after)
+        return cascade_rows(sub_uid, nacked.slice(0, 0))
+    return cascade_rows(sub_uid, followers(nacked, read_followers(snap, sub_uid, now, nacked["message_id"].to_pylist())))
 
 
 class Decision(NamedTuple):
@@ -126,6 +128,8 @@ def _applies(kind: OutcomeKind, attempt: int, current: tuple[int, int | None] | 
         return False
     op = op_of(kind)
     if op in (Op.NACK, Op.DEADLINE) and now_attempt <= 0:
+        return False
+    if op in (Op.ACK, Op.NACK) and lease_us == CASCADED_US:  # the ordering cascade ended it (merge's clauses)
         return False
     if op is Op.DEADLINE and (lease_us is None or lease_us <= _NACKED_MAX_US):
         return False

@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 
 from ..storage import Snapshot
 from ..storage.tables import DELIVERIES
-from ..timestamps import TS, ts_scalar
-from ..policy.ordering import NO_KEYS, KeyState
+from ..timestamps import TS, to_us, ts_scalar
+from ..policy.ordering import NO_KEYS, KeyState, ran_out
 from .hooks import DEFAULT_HOOKS, DeliveryHooks, DueFilter
-from .merge import source_rows
+from .merge import NACKED_MAX_US, cascade_rows, source_rows
 from .model import Lease, Op
 
 STATE_COLUMNS = ["message_id", "message_version", "publish_time", "delivery_attempt", "lease_expires"]
@@ -88,32 +88,66 @@ def read_available(
     return rows.slice(0, limit)
 
 
-def read_held_keys(
+KEY_COLUMNS = ["message_id", "message_version", "ordering_key", "delivery_attempt", "lease_expires"]
+
+
+def read_key_rows(
     snap: Snapshot,
     sub_uid: str,
     now: float,
     exclude: frozenset[str] = frozenset(),
     due: DueFilter | None = None,
     released: frozenset[str] = frozenset(),
-) -> pa.Array:
-    """Ordering keys held at `now` (``policy.ordering.KeyState.held``): the distinct keys of
+) -> tuple[pa.Array, pa.Table]:
+    """The ordering state's reads at `now`, in one scan: (held keys, key rows whose lease ran out
+    or is running). Held keys (``policy.ordering.KeyState.held``) are the distinct keys of
     the rows that are not due (a lease running, a nack waiting out its retry delay) or are
-    in `exclude` (the push job's in-flight ids). Called only for subscriptions with message
-    ordering, so the default path reads nothing more. Reads one column of the rows that
-    have a key and a lease: its cost follows the outstanding messages, not the backlog.
+    in `exclude` (the push job's in-flight ids). The rows (KEY_COLUMNS, lease_expires as
+    int64 us, without `exclude` and `released`) are those with a lease running or run out,
+    for ``policy.ordering.ran_out``. Called only for subscriptions with message ordering,
+    so the default path reads nothing more; reads the rows that have a key and a lease
+    that is not a plain nack, so its cost follows the outstanding messages, not the backlog.
     `released`: ids acked in the very MERGE the leases go into (the push job's acks of this
     batch); they hold nothing, so the next message of their key may go in the same commit."""
     waiting = pc.invert(available_filter(now) if due is None else due(now))
+    lease = pc.field("lease_expires")
     message_id = pc.field("message_id").cast(pa.string())
     if exclude - released:
         waiting = waiting | message_id.isin(pa.array(sorted(exclude - released), pa.string()))
     if released:
         waiting = waiting & pc.invert(message_id.isin(pa.array(sorted(released), pa.string())))
-    rows = snap.read(
-        ["ordering_key"], partition=sub_uid,
-        filter=pc.field("lease_expires").is_valid() & (pc.field("ordering_key").cast(pa.string()) != "") & waiting,
-    )
-    return pc.unique(rows["ordering_key"].combine_chunks().cast(pa.string())) if rows.num_rows else NO_KEYS.held
+    leased = (lease > pa.scalar(NACKED_MAX_US, TS)) & (pc.field("delivery_attempt") >= 1)
+    keyed_rows = pc.field("ordering_key").cast(pa.string()) != ""
+    rows = snap.read(KEY_COLUMNS, partition=sub_uid, filter=lease.is_valid() & keyed_rows & (waiting | leased))
+    if rows.num_rows == 0:
+        return NO_KEYS.held, NO_ENDED_ROWS
+    rows = pa.table({
+        "message_id": rows["message_id"].cast(pa.string()),
+        "message_version": rows["message_version"].cast(pa.int64()),
+        "ordering_key": rows["ordering_key"].cast(pa.string()),
+        "delivery_attempt": rows["delivery_attempt"].cast(pa.int32()),
+        "lease_expires": rows["lease_expires"].cast(pa.int64()),
+        "waiting": _evaluate(rows, waiting),
+    })
+    held_rows = rows.filter(rows["waiting"])
+    held = pc.unique(held_rows["ordering_key"].combine_chunks()) if held_rows.num_rows else NO_KEYS.held
+    gone = exclude | released
+    if gone:
+        rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], pa.array(sorted(gone), pa.string()))))
+    return held, rows.drop_columns(["waiting"])
+
+
+NO_ENDED_ROWS = pa.schema(
+    [("message_id", pa.string()), ("message_version", pa.int64()), ("ordering_key", pa.string()),
+     ("delivery_attempt", pa.int32()), ("lease_expires", pa.int64())]
+).empty_table()
+
+
+def _evaluate(rows: pa.Table, expression: pc.Expression) -> pa.ChunkedArray:
+    """`expression` (a filter over deliveries columns) evaluated per row of `rows`, nulls False."""
+    marked = rows.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
+    hit = pc.is_in(marked["__row"], value_set=marked.filter(expression)["__row"].combine_chunks())
+    return pa.chunked_array([hit])
 
 
 # Ordering keys, one message per key (push): how many times the room a read takes of the
@@ -133,15 +167,19 @@ def read_candidates(
 ) -> tuple[pa.Table, KeyState]:
     """The due rows ``select`` may lease now (``read_available``) and the ordering state it
     decides with. Without message ordering (``hooks.eligible`` None) it reads nothing more
-    and the state is ``NO_KEYS``. With it, the keys held (``read_held_keys``; `released`:
-    ids acked in the same MERGE) are read first and their rows left out, and `read_factor`
-    times the room is read."""
+    and the state is ``NO_KEYS``. With it, the keys held (``read_key_rows``; `released`:
+    ids acked in the same MERGE) are read first and their rows left out, `read_factor`
+    times the room is read, and the state names the leases a run-out lease ends
+    (``policy.ordering.ran_out``). With no room it reads nothing and ends nothing: the
+    cascade waits for a decision that can lease."""
     if hooks.eligible is None:
         return read_available(snap, sub_uid, now, room, exclude, due=hooks.due), NO_KEYS
-    held = read_held_keys(snap, sub_uid, now, exclude, hooks.due, released) if room > 0 else NO_KEYS.held
+    if room <= 0:
+        return empty_available(True), NO_KEYS
+    held, rows = read_key_rows(snap, sub_uid, now, exclude, hooks.due, released)
     limit = room * read_factor
     available = read_available(snap, sub_uid, now, limit, exclude, due=hooks.due, held=held)
-    return available, KeyState(held, available.num_rows < limit)
+    return available, KeyState(held, available.num_rows < limit, ran_out(rows, to_us(now), NACKED_MAX_US))
 
 
 class Selection(NamedTuple):
@@ -180,8 +218,11 @@ def select(
     """Lease up to `room` candidates until `expires_us`: `available` rows first (STATE_COLUMNS,
     in AVAILABLE_ORDER), then `fresh` messages (FANOUT_COLUMNS, in FANOUT_ORDER). Every fresh
     message is inserted; those not leased get attempt 0 and no lease. `keys`: the ordering
-    state the eligibility hook decides with (``read_held_keys`` and the read beside it). Pure."""
+    state the eligibility hook decides with (``read_candidates``); its ``ended`` leases
+    end in the same MERGE (CASCADE rows). Pure."""
     parts: list[pa.Table] = []
+    if keys.ended.num_rows:
+        parts.append(cascade_rows(sub_uid, keys.ended))
     room = max(0, room)
     fresh_ok: list[bool] | None = None
     if hooks.eligible is not None and (available.num_rows or fresh.num_rows):

@@ -22,6 +22,11 @@ no clock, no table reads):
 - ``followers``: the nack cascade. A nack (or expiry reported as one) of a message ends the
   leases of the later outstanding messages of its key, so they are redelivered after it,
   in order. Messages without a key are never affected.
+- ``ran_out``: the same cascade for a lease that ran out. Nobody reports an expiry, so the
+  next lease decision finds it: a message whose lease ran out (a delivery that was not
+  nacked) ends the leases still running of the later messages of its key. The decision
+  that ends them leases nothing of that key (its ended rows were still leased in its
+  snapshot, so the key is held); the next one hands the key out again from its head.
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["KeyState", "NO_KEYS", "keyed", "eligible", "followers"]
+__all__ = ["KeyState", "NO_KEYS", "NO_ENDED", "keyed", "eligible", "followers", "ran_out"]
+
+# message_id and delivery_attempt: the deliveries a cascade ends.
+ENDED_SCHEMA = pa.schema([("message_id", pa.string()), ("delivery_attempt", pa.int32())])
+NO_ENDED = ENDED_SCHEMA.empty_table()
 
 
 class KeyState(NamedTuple):
@@ -39,6 +48,7 @@ class KeyState(NamedTuple):
 
     held: pa.Array  # string: keys with a delivery outstanding, waiting or in flight
     complete: bool  # the available rows read are all the rows available now
+    ended: pa.Table = NO_ENDED  # leases to end with this decision (``ran_out``), ENDED_SCHEMA
 
 
 NO_KEYS = KeyState(pa.array([], pa.string()), True)
@@ -91,7 +101,7 @@ def followers(nacked: pa.Table, rows: pa.Table) -> pa.Table:
     earliest nacked message of that key, not nacked themselves (a nack naming an earlier
     delivery than the current one ends nothing). Returns message_id and
     delivery_attempt (the delivery to end), in order."""
-    out_schema = pa.schema([("message_id", pa.string()), ("delivery_attempt", pa.int32())])
+    out_schema = ENDED_SCHEMA
     if nacked.num_rows == 0 or rows.num_rows == 0:
         return out_schema.empty_table()
     rows = rows.filter(keyed(rows["ordering_key"]))
@@ -116,3 +126,27 @@ def followers(nacked: pa.Table, rows: pa.Table) -> pa.Table:
         {"message_id": after["message_id"].cast(pa.string()), "delivery_attempt": after["delivery_attempt"].cast(pa.int32())},
         schema=out_schema,
     )
+
+
+def ran_out(rows: pa.Table, now_us: int, nacked_max_us: int) -> pa.Table:
+    """The leases a lease that ran out ends (``ran_out`` in the module docstring): of `rows`
+    (message_id, message_version, ordering_key, delivery_attempt, lease_expires as int64 us,
+    for rows with a key and a lease), the rows still leased at `now_us` that come after an
+    earlier message of their key whose lease ran out (attempt >= 1, lease_expires above
+    `nacked_max_us`, the nacked mark, and at or before `now_us`). ENDED_SCHEMA, in order."""
+    if rows.num_rows == 0:
+        return NO_ENDED
+    lease = rows["lease_expires"]
+    expired = pc.and_(
+        pc.and_(pc.greater(lease, nacked_max_us), pc.less_equal(lease, now_us)),
+        pc.greater_equal(rows["delivery_attempt"], 1),
+    )
+    heads = rows.filter(pc.fill_null(expired, False))
+    if heads.num_rows == 0:
+        return NO_ENDED
+    running = rows.filter(pc.fill_null(pc.greater(lease, now_us), False))
+    if running.num_rows == 0:
+        return NO_ENDED
+    columns = ["message_id", "message_version", "ordering_key", "delivery_attempt"]
+    both = pa.concat_tables([heads.select(columns), running.select(columns)])
+    return followers(heads.select(["message_id", "delivery_attempt"]), both)
