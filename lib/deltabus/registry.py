@@ -140,6 +140,22 @@ class Registry:
         self._insert_unique(TOPICS.name, TOPICS.schema, "topic", row)
         return rec
 
+    def update_topic_labels(self, name: str, labels: Mapping[str, str]) -> TopicRecord:
+        """Replace a live topic's labels (validated by the caller); its uid and messages stay.
+        Raises NotFound when the topic is gone."""
+        rec = replace(self.topic(name), labels=dict(labels))
+        source = pa.table({"name": [rec.name], "topic_uid": [rec.topic_uid]}).append_column(
+            "labels", pa.array([list(rec.labels.items())], TOPICS.schema.field("labels").type)
+        )
+
+        def fn(snap: Any) -> None:
+            m = snap.merge(source, "t.name = s.name AND t.topic_uid = s.topic_uid", [MatchedUpdate({"labels": "s.labels"})])
+            if not m.get("num_target_rows_updated"):
+                raise NotFound("topic", name)
+
+        self._engine.transact(TOPICS.name, fn, what=f"update topic {name}")
+        return rec
+
     def delete_topic(self, name: str) -> None:
         rec = self.topic(name)
         self._delete_named(TOPICS.name, "topic", name, "topic_uid", rec.topic_uid)

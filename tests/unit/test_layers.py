@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("domain", ("registry", "delivery", "backlog")),
     ("spark", ("spark",)),
     ("paths", ("publisher", "subscriber", "push", "retention", "_common")),
+    ("server", ("server",)),  # `deltabus serve` (issue 14): the gRPC services over the clients
     ("entry", ("cli", "quickstart", "")),  # "" = the package's __init__
 ]
 

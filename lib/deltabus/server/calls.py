@@ -1,0 +1,49 @@
+"""How a gRPC method of `deltabus serve` ends: the response, or an abort with the status
+``status.status_of`` gives its error.
+
+``rpc`` wraps an ``async def method(self, request, context)``: a deltabus error (or any
+other) aborts the call with its status; an unexpected one is logged with the method and the
+exception type only (never a payload or a request). ``unimplemented`` builds a method that
+answers UNIMPLEMENTED with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, Awaitable, Callable, TypeVar
+
+import grpc
+import grpc.aio
+
+from .status import status_of
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+Handler = Callable[[S, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
+def rpc(fn: Handler[S]) -> Handler[S]:
+    @functools.wraps(fn)
+    async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await fn(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            status = status_of(exc)
+            if status.code is grpc.StatusCode.INTERNAL:
+                log.error("%s failed: %s", fn.__name__, type(exc).__name__, exc_info=exc)
+            await context.abort(status.code, status.message)
+
+    return wrapper
+
+
+def unimplemented(method: str, reason: str) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {reason}")
+
+    handler.__name__ = method
+    return handler

@@ -1,0 +1,186 @@
+"""proto-plus ``google.pubsub_v1.types`` <-> deltabus records and request dicts.
+
+Inbound, a message becomes the dict the deltabus clients take (``request=``), so their
+validation runs unchanged and errors name the API's fields. Proto3 leaves a field that was
+never set at its default, so "given" means *set to a non-default value* (``set_fields``);
+that is how Pub/Sub reads a request too (ack_deadline_seconds 0 is the default, 10 s).
+
+A field deltabus does not implement (exactly-once, BigQuery/Cloud Storage export, message
+retention, KMS, schemas, ...) is refused with INVALID_ARGUMENT naming it when set, rather
+than dropped: a program that asks for a feature must not believe it has it. Output-only
+fields (``state``, ``satisfies_pzs``, ...) are ignored.
+
+Outbound, deltabus records become proto-plus messages. ``delivery_attempt`` is filled only
+for a subscription with a dead-letter policy, as Pub/Sub documents (0 otherwise).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterable, Mapping
+
+from google.pubsub_v1 import types as pb
+
+from ..errors import InvalidArgument
+from ..types import PushConfig, Subscription, Topic
+
+# Fields of the protos deltabus implements; the rest is refused when set.
+TOPIC_FIELDS = frozenset({"name", "labels"})
+TOPIC_OUTPUT_ONLY = frozenset({"state", "satisfies_pzs"})
+SUBSCRIPTION_FIELDS = frozenset(
+    {"name", "topic", "push_config", "ack_deadline_seconds", "labels", "enable_message_ordering", "filter",
+     "dead_letter_policy", "retry_policy"}
+)
+SUBSCRIPTION_OUTPUT_ONLY = frozenset({"state", "topic_message_retention_duration", "analytics_hub_subscription_info"})
+PUSH_CONFIG_FIELDS = frozenset({"push_endpoint", "attributes", "oidc_token", "pubsub_wrapper", "no_wrapper"})
+
+
+def set_fields(message: Any) -> list[str]:
+    """Names of the fields of a proto-plus message that are set (non-default, or present)."""
+    return [f.name for f, _ in type(message).pb(message).ListFields()]
+
+
+def refuse_unsupported(message: Any, supported: Iterable[str], ignored: Iterable[str], where: str) -> None:
+    """InvalidArgument naming the first set field deltabus does not implement."""
+    allowed = set(supported) | set(ignored)
+    for name in set_fields(message):
+        if name not in allowed:
+            raise InvalidArgument(f"{where}.{name}", "is not supported by deltabus serve (leave it unset)")
+
+
+def _seconds(d: dt.timedelta) -> float:
+    return d.total_seconds()
+
+
+# -- topics -------------------------------------------------------------------------------
+def topic_to_proto(topic: Topic) -> pb.Topic:
+    return pb.Topic(name=topic.name, labels=dict(topic.labels))
+
+
+def topic_request(topic: pb.Topic, where: str = "topic") -> dict[str, Any]:
+    """The create_topic request dict of a Topic (name, labels)."""
+    refuse_unsupported(topic, TOPIC_FIELDS, TOPIC_OUTPUT_ONLY, where)
+    return {"name": topic.name, "labels": dict(topic.labels)}
+
+
+# -- push config ---------------------------------------------------------------------------
+def push_config_request(config: pb.PushConfig, where: str = "push_config") -> dict[str, Any]:
+    """A PushConfig as the dict ``types.PushConfig.coerce`` takes (empty endpoint: pull)."""
+    refuse_unsupported(config, PUSH_CONFIG_FIELDS, (), where)
+    out: dict[str, Any] = {"push_endpoint": config.push_endpoint, "attributes": dict(config.attributes)}
+    given = set(set_fields(config))
+    if "oidc_token" in given:
+        out["oidc_token"] = {
+            "service_account_email": config.oidc_token.service_account_email,
+            "audience": config.oidc_token.audience,
+        }
+    if "no_wrapper" in given:
+        out["no_wrapper"] = {"write_metadata": bool(config.no_wrapper.write_metadata)}
+    return out
+
+
+def push_config_to_proto(config: PushConfig) -> pb.PushConfig:
+    out = pb.PushConfig(push_endpoint=config.push_endpoint, attributes=dict(config.attributes))
+    if config.oidc_token is not None:
+        out.oidc_token = pb.PushConfig.OidcToken(
+            service_account_email=config.oidc_token.service_account_email, audience=config.oidc_token.audience
+        )
+    if config.no_wrapper is not None:
+        out.no_wrapper = pb.PushConfig.NoWrapper(write_metadata=config.no_wrapper.write_metadata)
+    return out
+
+
+# -- subscriptions --------------------------------------------------------------------------
+def _retry_policy(policy: pb.RetryPolicy) -> dict[str, Any]:
+    given = set(set_fields(policy))
+    return {
+        name: (_seconds(getattr(policy, name)) if name in given else None) for name in ("minimum_backoff", "maximum_backoff")
+    }
+
+
+def subscription_values(sub: pb.Subscription, paths: Iterable[str] | None = None, where: str = "subscription") -> dict[str, Any]:
+    """The deltabus request values of a Subscription: every set field (create), or the fields
+    named in `paths` (update; an unset one there clears it, as Pub/Sub's update_mask)."""
+    given = set(set_fields(sub))
+    if paths is None:
+        refuse_unsupported(sub, SUBSCRIPTION_FIELDS, SUBSCRIPTION_OUTPUT_ONLY, where)
+        wanted = given
+    else:
+        wanted = set(paths)
+    out: dict[str, Any] = {}
+    for name in sorted(wanted):
+        if name not in SUBSCRIPTION_FIELDS:
+            out[name] = None  # the client names it in its "cannot update" error
+        elif name == "push_config":
+            out[name] = push_config_request(sub.push_config, f"{where}.push_config") if name in given else {}
+        elif name == "retry_policy":
+            out[name] = _retry_policy(sub.retry_policy) if name in given else None
+        elif name == "dead_letter_policy":
+            if name in given:
+                d = sub.dead_letter_policy
+                out[name] = {"dead_letter_topic": d.dead_letter_topic, "max_delivery_attempts": d.max_delivery_attempts}
+            else:
+                out[name] = None
+        elif name == "labels":
+            out[name] = dict(sub.labels)
+        elif name == "ack_deadline_seconds":
+            if sub.ack_deadline_seconds or paths is not None:
+                out[name] = sub.ack_deadline_seconds or 10  # 0 is the default, 10 s
+        else:
+            out[name] = getattr(sub, name)
+    return out
+
+
+def subscription_to_proto(sub: Subscription) -> pb.Subscription:
+    out = pb.Subscription(
+        name=sub.name,
+        topic=sub.topic,
+        push_config=push_config_to_proto(sub.push_config),
+        ack_deadline_seconds=sub.ack_deadline_seconds,
+        labels=dict(sub.labels),
+        enable_message_ordering=sub.enable_message_ordering,
+        filter=sub.filter,
+        state=pb.Subscription.State.ACTIVE,
+    )
+    if sub.retry_policy is not None:
+        out.retry_policy = pb.RetryPolicy(
+            minimum_backoff=dt.timedelta(seconds=sub.retry_policy.minimum_backoff),
+            maximum_backoff=dt.timedelta(seconds=sub.retry_policy.maximum_backoff),
+        )
+    if sub.dead_letter_policy is not None:
+        out.dead_letter_policy = pb.DeadLetterPolicy(
+            dead_letter_topic=sub.dead_letter_policy.dead_letter_topic,
+            max_delivery_attempts=sub.dead_letter_policy.max_delivery_attempts,
+        )
+    return out
+
+
+# -- messages ---------------------------------------------------------------------------------
+def message_request(message: pb.PubsubMessage) -> dict[str, Any]:
+    """A PubsubMessage to publish, as publish_batch's dict (message_id and publish_time are
+    the server's to set: ignored, as Pub/Sub does)."""
+    return {"data": bytes(message.data), "attributes": dict(message.attributes), "ordering_key": message.ordering_key}
+
+
+def received_to_proto(
+    ack_id: str,
+    data: bytes,
+    attributes: Mapping[str, str],
+    message_id: str,
+    publish_time: dt.datetime | None,
+    ordering_key: str,
+    delivery_attempt: int,
+) -> pb.ReceivedMessage:
+    fields: dict[str, Any] = {"data": data, "attributes": dict(attributes), "message_id": message_id, "ordering_key": ordering_key}
+    if publish_time is not None:  # proto-plus turns a datetime into a Timestamp
+        fields["publish_time"] = publish_time if publish_time.tzinfo else publish_time.replace(tzinfo=dt.timezone.utc)
+    message = pb.PubsubMessage(**fields)
+    return pb.ReceivedMessage(ack_id=ack_id, message=message, delivery_attempt=delivery_attempt)
+
+
+def mask_paths(mask: Any, field: str = "update_mask") -> list[str]:
+    """The paths of a FieldMask; at least one is required."""
+    paths = list(mask.paths) if mask is not None else []
+    if not paths:
+        raise InvalidArgument(field, "name at least one field to update")
+    return paths

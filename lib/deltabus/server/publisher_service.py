@@ -1,0 +1,116 @@
+"""The ``google.pubsub.v1.Publisher`` service of `deltabus serve`.
+
+Each method turns its proto-plus request into the deltabus PublisherClient's request dict
+(``convert``) and runs the client's own method on the server's thread pool, so names,
+labels and message limits are checked by the same code as the Python client's; an error
+aborts the call with its Pub/Sub status (``status``) and writes nothing.
+
+- Publish: one request is one Delta commit (``publish_batch``): all its messages are
+  validated first, and one bad message fails the request with nothing written.
+- UpdateTopic: ``labels`` is the only updatable field (the only one deltabus keeps).
+- ListTopicSnapshots: always empty (snapshots come with issue 15), NOT_FOUND for a topic
+  that does not exist.
+- DetachSubscription: UNIMPLEMENTED. Detaching keeps the subscription but ends its
+  delivery; the registry has no "detached" state yet (a new subscription column).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc.aio
+from google.protobuf import empty_pb2
+from google.pubsub_v1 import types as pb
+
+from .. import names
+from ..errors import InvalidArgument
+from ..types import validate_labels
+from . import convert
+from .calls import rpc, unimplemented
+from .state import ServerState
+
+Context = grpc.aio.ServicerContext[Any, Any]
+UPDATABLE_TOPIC_FIELDS = ("labels",)
+
+
+def page_request(project_or_name: tuple[str, str], page_size: int, page_token: str) -> dict[str, Any]:
+    key, value = project_or_name
+    out: dict[str, Any] = {key: value}
+    if page_size:
+        out["page_size"] = page_size
+    if page_token:
+        out["page_token"] = page_token
+    return out
+
+
+class PublisherService:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    @rpc
+    async def CreateTopic(self, request: pb.Topic, context: Context) -> pb.Topic:
+        body = convert.topic_request(request)
+        topic = await self.state.run(self.state.publisher.create_topic, request=body)
+        return convert.topic_to_proto(topic)
+
+    @rpc
+    async def UpdateTopic(self, request: pb.UpdateTopicRequest, context: Context) -> pb.Topic:
+        paths = convert.mask_paths(request.update_mask if "update_mask" in request else None)
+        bad = [p for p in paths if p not in UPDATABLE_TOPIC_FIELDS]
+        if bad:
+            raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {list(UPDATABLE_TOPIC_FIELDS)}")
+        name = str(names.parse_topic(request.topic.name, "topic.name"))
+        labels = validate_labels(dict(request.topic.labels), "topic.labels")
+        rec = await self.state.run(self.state.registry.update_topic_labels, name, labels)
+        return convert.topic_to_proto(rec.public())
+
+    @rpc
+    async def Publish(self, request: pb.PublishRequest, context: Context) -> pb.PublishResponse:
+        body = {"topic": request.topic, "messages": [convert.message_request(m) for m in request.messages]}
+        ids = await self.state.run(self.state.publisher.publish_batch, request=body)
+        return pb.PublishResponse(message_ids=ids)
+
+    @rpc
+    async def GetTopic(self, request: pb.GetTopicRequest, context: Context) -> pb.Topic:
+        topic = await self.state.run(self.state.publisher.get_topic, request={"topic": request.topic})
+        return convert.topic_to_proto(topic)
+
+    @rpc
+    async def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
+        body = page_request(("project", request.project), request.page_size, request.page_token)
+
+        def first_page() -> Any:
+            return next(iter(self.state.publisher.list_topics(request=body).pages))
+
+        page = await self.state.run(first_page)
+        return pb.ListTopicsResponse(
+            topics=[convert.topic_to_proto(t) for t in page.topics], next_page_token=page.next_page_token
+        )
+
+    @rpc
+    async def ListTopicSubscriptions(
+        self, request: pb.ListTopicSubscriptionsRequest, context: Context
+    ) -> pb.ListTopicSubscriptionsResponse:
+        body = page_request(("topic", request.topic), request.page_size, request.page_token)
+
+        def first_page() -> Any:
+            return next(iter(self.state.publisher.list_topic_subscriptions(request=body).pages))
+
+        page = await self.state.run(first_page)
+        return pb.ListTopicSubscriptionsResponse(subscriptions=list(page.subscriptions), next_page_token=page.next_page_token)
+
+    @rpc
+    async def ListTopicSnapshots(self, request: pb.ListTopicSnapshotsRequest, context: Context) -> pb.ListTopicSnapshotsResponse:
+        await self.state.run(self.state.publisher.get_topic, request={"topic": request.topic})  # NOT_FOUND, names checked
+        return pb.ListTopicSnapshotsResponse()
+
+    @rpc
+    async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Context) -> empty_pb2.Empty:
+        await self.state.run(self.state.publisher.delete_topic, request={"topic": request.topic})
+        return empty_pb2.Empty()
+
+    DetachSubscription = unimplemented(
+        "DetachSubscription",
+        "not supported by deltabus serve yet: the registry has no detached state for a subscription "
+        "(delete the subscription to stop its delivery)",
+    )

@@ -1,0 +1,139 @@
+"""ServerState: what every service of `deltabus serve` shares, made once per server.
+
+Contract (the services and ``streaming.handle_streaming_pull`` rely on it):
+
+- ``engine``: the warehouse's delta-rs engine (never Spark), opened once; ``registry`` its
+  topic and subscription registry; ``clock``: wall-clock seconds.
+- ``publisher`` / ``subscriber``: deltabus's own clients over that engine, so the gRPC
+  calls reuse their request validation and name rules (``request=`` dicts).
+- ``run(fn, *args)``: await a blocking call (any delta-rs work) on ``executor``, the
+  server's thread pool (``ServeSettings.threads``); the event loop never blocks on Delta.
+- ``lease(subscription, max_messages, lease_seconds)``: blocking; lease what is due and
+  return it as ``LeasedMessage`` records with payloads (one pull MERGE of the delivery
+  core, then one payload read). Refuses a push subscription (FailedPrecondition).
+- ``watch_uris`` / ``versions()``: the messages and deliveries tables followed by this
+  process's log watcher; ``versions()`` is a stat of the local logs (cheap, non-blocking
+  enough for the loop), so a waiter re-reads only after a commit (or a time bound, since
+  lease expiries make no commit).
+- ``stopping``: an asyncio.Event set when the server begins to stop; open streams end
+  with UNAVAILABLE so clients reconnect elsewhere or later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, TypeVar
+
+from .. import ackid, names, watch
+from ..delivery import operations
+from ..delivery.payloads import fetch_messages
+from ..errors import FailedPrecondition
+from ..publisher.client import PublisherClient
+from ..registry import Registry, SubscriptionRecord
+from ..storage import Engine
+from ..subscriber.client import SubscriberClient
+from .settings import ServeSettings
+
+T = TypeVar("T")
+# The Python client's emulator channel has grpc's default 4 MiB receive limit (FACTS.md):
+# a Pull or StreamingPull response must stay below it, with room for framing.
+RESPONSE_LIMIT = 4 * 1024 * 1024 - 64 * 1024
+MESSAGE_OVERHEAD = 64  # bytes per message for tags, lengths, the publish time and the attempt
+log = logging.getLogger(__name__)
+
+
+class LeasedMessage(NamedTuple):
+    """One leased message with its payload, ready for a Pull or StreamingPull response."""
+
+    ack_id: str
+    message_id: str
+    data: bytes
+    attributes: dict[str, str]
+    publish_time: Any  # datetime (UTC) or None
+    ordering_key: str
+    delivery_attempt: int
+    size: int  # data + attribute bytes, for flow control and response limits
+
+
+@dataclass(slots=True)
+class ServerState:
+    settings: ServeSettings
+    engine: Engine
+    registry: Registry
+    publisher: PublisherClient
+    subscriber: SubscriberClient
+    executor: ThreadPoolExecutor
+    watch_uris: list[str]
+    watcher: watch.LogWatcher
+    clock: Callable[[], float] = time.time
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def versions(self) -> dict[str, int]:
+        return self.watcher.current(self.watch_uris)
+
+    def subscription(self, name: str, field_name: str = "subscription") -> SubscriptionRecord:
+        """The live subscription `name` (InvalidArgument for a malformed name, NotFound)."""
+        return self.registry.subscription(str(names.parse_subscription(name, field_name)))
+
+    def lease(self, subscription: str, max_messages: int, lease_seconds: float | None = None) -> list[LeasedMessage]:
+        """Blocking. `lease_seconds` None: the subscription's ack deadline."""
+        rec = self.subscription(subscription)
+        if lease_seconds is None:
+            lease_seconds = rec.ack_deadline_seconds
+        if rec.push_config.is_push:
+            raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
+        leases = operations.pull(self.engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self.clock)
+        if not leases:
+            return []
+        payloads = fetch_messages(self.engine, rec.topic_uid, [lease.message_id for lease in leases])
+        out = []
+        for lease in leases:
+            row = payloads.get(lease.message_id)
+            if row is None:  # payload files gone (retention): cannot deliver; the lease runs out
+                log.error("message %s of %s has no payload in the messages table", lease.message_id, rec.name)
+                continue
+            attributes = dict(row["attributes"] or [])
+            data = row["data"] or b""
+            out.append(
+                LeasedMessage(
+                    ack_id=ackid.encode(rec.sub_uid, lease.message_id, lease.delivery_attempt),
+                    message_id=lease.message_id,
+                    data=data,
+                    attributes=attributes,
+                    publish_time=row["publish_time"],
+                    ordering_key=row["ordering_key"] or "",
+                    delivery_attempt=lease.delivery_attempt if rec.dead_letter_policy is not None else 0,
+                    size=len(data) + sum(len(k) + len(v) for k, v in attributes.items()),
+                )
+            )
+        return out
+
+
+def split_for_response(leased: list[LeasedMessage], limit: int = RESPONSE_LIMIT) -> tuple[list[LeasedMessage], list[LeasedMessage]]:
+    """The leading messages whose response stays under `limit` bytes (at least one), and the
+    rest, to give back. An estimate from above: payload + ids + a per-message allowance."""
+    total = 0
+    for i, m in enumerate(leased):
+        total += m.size + len(m.ack_id) + len(m.message_id) + len(m.ordering_key) + MESSAGE_OVERHEAD
+        if total > limit and i > 0:
+            return leased[:i], leased[i:]
+    return leased, []
+
+
+def watch_tables(engine: Engine, watcher: watch.LogWatcher) -> list[str]:
+    """Register the messages and deliveries tables with `watcher`; return their URIs."""
+    uris = []
+    for table in ("messages", "deliveries"):
+        uri = engine.table_uri(table)
+        watcher.watch(uri, functools.partial(engine.version, table))
+        uris.append(uri)
+    return uris

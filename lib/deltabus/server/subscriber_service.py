@@ -1,0 +1,146 @@
+"""The ``google.pubsub.v1.Subscriber`` service of `deltabus serve` (StreamingPull is in
+``streaming``).
+
+Administration and acks go through the deltabus SubscriberClient's own methods (request
+dicts from ``convert``), so validation, update-mask rules (``filter`` and
+``enable_message_ordering`` fixed at creation; a masked field left unset clears a policy)
+and the dead-letter checks are the library's. All blocking work runs on the server's pool.
+
+Pull leases with the subscription's ack deadline through ``ServerState.lease`` (the
+delivery core's pull). Without ``return_immediately`` it waits for a message up to
+PULL_WAIT seconds (less when the call's deadline is nearer): it re-reads after a commit to
+the messages or deliveries table (a stat of their logs every WAIT_STEP) or every
+IDLE_RECHECK (lease expiries make no commit), and answers an empty response at the end.
+max_messages above MAX_PULL are capped, as Pub/Sub caps them. A response stays under the
+client's 4 MiB limit: leased messages beyond it are given back at once (a nack, which counts
+as a delivery attempt and follows the retry policy).
+
+The snapshot and seek methods answer UNIMPLEMENTED: snapshots come with issue 15.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc.aio
+from google.protobuf import empty_pb2
+from google.pubsub_v1 import types as pb
+
+from ..errors import InvalidArgument
+from . import convert
+from .calls import rpc, unimplemented
+from .publisher_service import page_request
+from .state import LeasedMessage, ServerState, split_for_response
+
+Context = grpc.aio.ServicerContext[Any, Any]
+PULL_WAIT = 10.0  # seconds a waiting Pull holds at most before answering empty
+IDLE_RECHECK = 0.5  # seconds between reads while nothing commits
+WAIT_STEP = 0.02  # seconds between stats of the logs while waiting
+DEADLINE_MARGIN = 0.5  # seconds before the call's deadline a waiting Pull answers
+MAX_PULL = 1000
+SNAPSHOTS_LATER = "snapshots and seek are not supported yet: issue 15 brings them"
+
+
+def received(m: LeasedMessage) -> pb.ReceivedMessage:
+    return convert.received_to_proto(
+        m.ack_id, m.data, m.attributes, m.message_id, m.publish_time, m.ordering_key, m.delivery_attempt
+    )
+
+
+class SubscriberService:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    # -- administration ------------------------------------------------------------------
+    @rpc
+    async def CreateSubscription(self, request: pb.Subscription, context: Context) -> pb.Subscription:
+        body = convert.subscription_values(request)
+        sub = await self.state.run(self.state.subscriber.create_subscription, request=body)
+        return convert.subscription_to_proto(sub)
+
+    @rpc
+    async def GetSubscription(self, request: pb.GetSubscriptionRequest, context: Context) -> pb.Subscription:
+        sub = await self.state.run(self.state.subscriber.get_subscription, request={"subscription": request.subscription})
+        return convert.subscription_to_proto(sub)
+
+    @rpc
+    async def UpdateSubscription(self, request: pb.UpdateSubscriptionRequest, context: Context) -> pb.Subscription:
+        paths = convert.mask_paths(request.update_mask if "update_mask" in request else None)
+        values = convert.subscription_values(request.subscription, paths)
+        values["name"] = request.subscription.name
+        body = {"subscription": values, "update_mask": paths}
+        sub = await self.state.run(self.state.subscriber.update_subscription, request=body)
+        return convert.subscription_to_proto(sub)
+
+    @rpc
+    async def ListSubscriptions(self, request: pb.ListSubscriptionsRequest, context: Context) -> pb.ListSubscriptionsResponse:
+        body = page_request(("project", request.project), request.page_size, request.page_token)
+
+        def first_page() -> Any:
+            return next(iter(self.state.subscriber.list_subscriptions(request=body).pages))
+
+        page = await self.state.run(first_page)
+        return pb.ListSubscriptionsResponse(
+            subscriptions=[convert.subscription_to_proto(s) for s in page.subscriptions], next_page_token=page.next_page_token
+        )
+
+    @rpc
+    async def DeleteSubscription(self, request: pb.DeleteSubscriptionRequest, context: Context) -> empty_pb2.Empty:
+        await self.state.run(self.state.subscriber.delete_subscription, request={"subscription": request.subscription})
+        return empty_pb2.Empty()
+
+    @rpc
+    async def ModifyPushConfig(self, request: pb.ModifyPushConfigRequest, context: Context) -> empty_pb2.Empty:
+        push = convert.push_config_request(request.push_config) if "push_config" in request else {}
+        body = {"subscription": request.subscription, "push_config": push}
+        await self.state.run(self.state.subscriber.modify_push_config, request=body)
+        return empty_pb2.Empty()
+
+    # -- delivery --------------------------------------------------------------------------
+    @rpc
+    async def Acknowledge(self, request: pb.AcknowledgeRequest, context: Context) -> empty_pb2.Empty:
+        body = {"subscription": request.subscription, "ack_ids": list(request.ack_ids)}
+        await self.state.run(self.state.subscriber.acknowledge, request=body)
+        return empty_pb2.Empty()
+
+    @rpc
+    async def ModifyAckDeadline(self, request: pb.ModifyAckDeadlineRequest, context: Context) -> empty_pb2.Empty:
+        body = {
+            "subscription": request.subscription,
+            "ack_ids": list(request.ack_ids),
+            "ack_deadline_seconds": request.ack_deadline_seconds,
+        }
+        await self.state.run(self.state.subscriber.modify_ack_deadline, request=body)
+        return empty_pb2.Empty()
+
+    @rpc
+    async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
+        if request.max_messages <= 0:
+            raise InvalidArgument("max_messages", f"must be greater than 0, got {request.max_messages}")
+        n = min(request.max_messages, MAX_PULL)
+        loop = asyncio.get_running_loop()
+        remaining = context.time_remaining()
+        wait = PULL_WAIT if remaining is None else max(0.0, min(PULL_WAIT, remaining - DEADLINE_MARGIN))
+        give_up = loop.time() + wait
+        while True:
+            seen = self.state.versions()  # before the read: a commit after it ends the wait below
+            leased = await self.state.run(self.state.lease, request.subscription, n)
+            if leased or request.return_immediately or loop.time() >= give_up or self.state.stopping.is_set():
+                break
+            recheck = min(loop.time() + IDLE_RECHECK, give_up)
+            while loop.time() < recheck and not self.state.stopping.is_set() and self.state.versions() == seen:
+                await asyncio.sleep(WAIT_STEP)
+        keep, rest = split_for_response(leased)
+        if rest:  # over the client's response limit: give them back now
+            body = {"subscription": request.subscription, "ack_ids": [m.ack_id for m in rest], "ack_deadline_seconds": 0}
+            await self.state.run(self.state.subscriber.modify_ack_deadline, request=body)
+        return pb.PullResponse(received_messages=[received(m) for m in keep])
+
+    # -- snapshots and seek (issue 15) ----------------------------------------------------------
+    GetSnapshot = unimplemented("GetSnapshot", SNAPSHOTS_LATER)
+    ListSnapshots = unimplemented("ListSnapshots", SNAPSHOTS_LATER)
+    CreateSnapshot = unimplemented("CreateSnapshot", SNAPSHOTS_LATER)
+    UpdateSnapshot = unimplemented("UpdateSnapshot", SNAPSHOTS_LATER)
+    DeleteSnapshot = unimplemented("DeleteSnapshot", SNAPSHOTS_LATER)
+    Seek = unimplemented("Seek", SNAPSHOTS_LATER)
