@@ -395,6 +395,24 @@ def cmd_pull(args: argparse.Namespace, out: TextIO) -> None:
     print(f"{len(got)} messages{' (acked)' if args.ack and got else ''}", file=sys.stderr)
 
 
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> None:
+    """Serve google.pubsub.v1 until SIGTERM or Ctrl-C (then exit 0): one ready line on stdout."""
+    import asyncio
+
+    from .server import app
+    from .server.settings import ServeSettings
+
+    settings = ServeSettings(
+        warehouse=args.warehouse, port=args.port, host=args.host, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        insecure=args.insecure, allow_http=_allow_http(args),
+    )
+
+    def announce(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    asyncio.run(app.serve(settings, announce))
+
+
 def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
     sub = _subscriber(args)
     figures = {b.subscription: b for b in sub.refresh_backlog()}  # also what `select ... from backlog` shows
@@ -567,6 +585,18 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--ack", action="store_true", help="acknowledge what was pulled")
     pl.add_argument("--wait", type=_seconds, default=0, metavar="SECONDS", help="wait this long for a message (default: return at once)")
     pl.set_defaults(func=cmd_pull)
+
+    sv = command(cmds, "serve", "serve the Pub/Sub gRPC API (google.pubsub.v1) on the warehouse: set "
+                 "PUBSUB_EMULATOR_HOST=HOST:PORT and Google's client libraries use it unchanged; SIGTERM or Ctrl-C stops it",
+                 {"port": "--port", "host": "--host", "tls_cert": "--tls-cert", "tls_key": "--tls-key", "insecure": "--insecure"})
+    sv.add_argument("--port", type=int, required=True, metavar="PORT", help="0..65535 (0: a free port, shown in the ready line)")
+    sv.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                    help="address to listen on (default 127.0.0.1); any other than loopback needs TLS or --insecure")
+    sv.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain (with --tls-key)")
+    sv.add_argument("--tls-key", metavar="FILE", help="PEM private key (with --tls-cert)")
+    sv.add_argument("--insecure", action="store_true", help="allow plain text on a non-loopback --host")
+    sv.add_argument("--allow-http", action="store_true", help="allow push subscriptions with plain http endpoints (localhost, tests)")
+    sv.set_defaults(func=cmd_serve)
 
     b = command(cmds, "backlog", "each subscription's backlog as a table (and rewrite the backlog table)")
     b.set_defaults(func=cmd_backlog)

@@ -104,7 +104,7 @@ def subscription_values(sub: pb.Subscription, paths: Iterable[str] | None = None
     given = set(set_fields(sub))
     if paths is None:
         refuse_unsupported(sub, SUBSCRIPTION_FIELDS, SUBSCRIPTION_OUTPUT_ONLY, where)
-        wanted = given
+        wanted = given & SUBSCRIPTION_FIELDS  # output-only fields are not part of a request
     else:
         wanted = set(paths)
     out: dict[str, Any] = {}

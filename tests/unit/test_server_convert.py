@@ -1,0 +1,114 @@
+"""convert: proto-plus google.pubsub_v1 messages <-> deltabus records and request dicts."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from google.pubsub_v1 import types as pb
+
+from deltabus.errors import InvalidArgument
+from deltabus.server import convert
+from deltabus.types import DeadLetterPolicy, NoWrapper, OidcToken, PushConfig, RetryPolicy, Subscription, Topic
+
+T = "projects/p/topics/top1"
+S = "projects/p/subscriptions/sub1"
+
+
+def test_topic_both_ways() -> None:
+    assert convert.topic_request(pb.Topic(name=T, labels={"a": "b"})) == {"name": T, "labels": {"a": "b"}}
+    assert convert.topic_to_proto(Topic(T, {"a": "b"})) == pb.Topic(name=T, labels={"a": "b"})
+
+
+def test_an_unsupported_topic_field_is_refused_by_name() -> None:
+    with pytest.raises(InvalidArgument) as e:
+        convert.topic_request(pb.Topic(name=T, kms_key_name="k"))
+    assert e.value.field == "topic.kms_key_name"
+    # output-only fields are ignored
+    assert convert.topic_request(pb.Topic(name=T, satisfies_pzs=True)) == {"name": T, "labels": {}}
+
+
+def test_create_values_only_what_is_set() -> None:
+    """Proto3 defaults are "not given": ack_deadline_seconds 0 is Pub/Sub's default (10 s)."""
+    assert convert.subscription_values(pb.Subscription(name=S, topic=T)) == {"name": S, "topic": T}
+
+
+def test_create_values_of_every_supported_field() -> None:
+    sub = pb.Subscription(
+        name=S, topic=T, ack_deadline_seconds=30, labels={"k": "v"}, enable_message_ordering=True, filter='attributes:x',
+        push_config=pb.PushConfig(
+            push_endpoint="https://h/p", attributes={"x-goog-version": "v1"},
+            oidc_token=pb.PushConfig.OidcToken(service_account_email="a@b.c", audience="aud"),
+            no_wrapper=pb.PushConfig.NoWrapper(write_metadata=True),
+        ),
+        retry_policy=pb.RetryPolicy(minimum_backoff=dt.timedelta(seconds=5)),
+        dead_letter_policy=pb.DeadLetterPolicy(dead_letter_topic=T),
+    )
+    v = convert.subscription_values(sub)
+    assert v["ack_deadline_seconds"] == 30 and v["labels"] == {"k": "v"} and v["enable_message_ordering"] is True
+    assert v["filter"] == "attributes:x"
+    assert v["push_config"] == {
+        "push_endpoint": "https://h/p", "attributes": {"x-goog-version": "v1"},
+        "oidc_token": {"service_account_email": "a@b.c", "audience": "aud"}, "no_wrapper": {"write_metadata": True},
+    }
+    assert v["retry_policy"] == {"minimum_backoff": 5.0, "maximum_backoff": None}  # unset: the library's default
+    assert RetryPolicy.coerce(v["retry_policy"]) == RetryPolicy(5, 600)
+    assert v["dead_letter_policy"] == {"dead_letter_topic": T, "max_delivery_attempts": 0}
+    assert DeadLetterPolicy.coerce(v["dead_letter_policy"]) == DeadLetterPolicy(T, 5)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("enable_exactly_once_delivery", True), ("retain_acked_messages", True), ("detached", True),
+     ("message_retention_duration", dt.timedelta(days=1))],
+)
+def test_an_unsupported_subscription_field_is_refused_by_name(field: str, value: object) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        convert.subscription_values(pb.Subscription(name=S, topic=T, **{field: value}))
+    assert e.value.field == f"subscription.{field}" and "not supported" in e.value.rule
+
+
+def test_update_values_follow_the_mask() -> None:
+    """A masked field left unset clears it (None, or the default); unmasked fields are not read."""
+    sub = pb.Subscription(name=S, ack_deadline_seconds=20, labels={"a": "b"})
+    assert convert.subscription_values(sub, ["labels"]) == {"labels": {"a": "b"}}
+    assert convert.subscription_values(sub, ["retry_policy", "dead_letter_policy", "push_config"]) == {
+        "retry_policy": None, "dead_letter_policy": None, "push_config": {}}
+    assert convert.subscription_values(pb.Subscription(name=S), ["ack_deadline_seconds"]) == {"ack_deadline_seconds": 10}
+    # a path deltabus cannot update is passed on for the client to refuse by name
+    assert convert.subscription_values(sub, ["detached"]) == {"detached": None}
+
+
+def test_subscription_to_proto() -> None:
+    sub = Subscription(
+        name=S, topic=T, push_config=PushConfig("https://h/p", {"a": "b"}, OidcToken("a@b.c", "x"), NoWrapper(True)),
+        ack_deadline_seconds=42, labels={"l": "v"}, enable_message_ordering=True,
+        retry_policy=RetryPolicy(1.5, 20), dead_letter_policy=DeadLetterPolicy(T, 7), filter="attributes:k",
+    )
+    p = convert.subscription_to_proto(sub)
+    assert (p.name, p.topic, p.ack_deadline_seconds, dict(p.labels), p.enable_message_ordering, p.filter) == (
+        S, T, 42, {"l": "v"}, True, "attributes:k")
+    assert p.push_config.push_endpoint == "https://h/p" and p.push_config.oidc_token.audience == "x"
+    assert p.push_config.no_wrapper.write_metadata is True
+    assert p.retry_policy.minimum_backoff == dt.timedelta(seconds=1.5)
+    assert p.dead_letter_policy.max_delivery_attempts == 7
+    # and back: the create request of what GetSubscription shows is the same subscription
+    assert Subscription.coerce({k: v for k, v in convert.subscription_values(p).items()}).push_config == sub.push_config
+    bare = convert.subscription_to_proto(Subscription(name=S, topic=T))
+    assert "retry_policy" not in bare and "dead_letter_policy" not in bare
+
+
+def test_message_and_received() -> None:
+    m = pb.PubsubMessage(data=b"x", attributes={"k": "v"}, ordering_key="o", message_id="ignored")
+    assert convert.message_request(m) == {"data": b"x", "attributes": {"k": "v"}, "ordering_key": "o"}
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000)  # naive: UTC
+    r = convert.received_to_proto("ack", b"d", {"a": "b"}, "id1", when, "", 3)
+    assert r.ack_id == "ack" and r.delivery_attempt == 3 and r.message.message_id == "id1"
+    assert r.message.publish_time == when.replace(tzinfo=dt.timezone.utc)
+
+
+def test_mask_paths_need_one() -> None:
+    with pytest.raises(InvalidArgument) as e:
+        convert.mask_paths(None)
+    assert e.value.field == "update_mask"
+    assert convert.mask_paths(pb.UpdateTopicRequest(update_mask={"paths": ["labels"]}).update_mask) == ["labels"]
