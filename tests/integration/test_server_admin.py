@@ -179,7 +179,8 @@ def test_snapshots_and_detach_are_unimplemented_with_a_reason(gpub, gsub) -> Non
     assert gsub.get_subscription(subscription=S).name == S
 
 
-def test_serve_subprocess_prints_the_ready_line_and_exits_0_on_sigterm(warehouse: str) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_serve_subprocess_prints_the_ready_line_and_exits_0_when_stopped(warehouse: str, stop: signal.Signals) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "deltabus.cli", "serve", "--warehouse", warehouse, "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
@@ -187,7 +188,7 @@ def test_serve_subprocess_prints_the_ready_line_and_exits_0_on_sigterm(warehouse
     try:
         line = proc.stdout.readline()
         assert re.fullmatch(rf"serving google\.pubsub\.v1 on 127\.0\.0\.1:(\d+), warehouse {re.escape(warehouse)}\n", line), line
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         assert proc.wait(timeout=30) == 0
         assert proc.stdout.read() == ""  # exactly one line
     finally:

@@ -192,3 +192,14 @@ def test_a_sigkilled_server_loses_nothing_published_and_unacked(warehouse: str, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_pull_response_stays_under_the_clients_4_mib_limit(serve_thread, topic_sub, gpub, gsub) -> None:
+    """The emulator channel takes at most 4 MiB per response (FACTS.md): what does not fit is
+    given back at once and comes with the next pull."""
+    big = [gpub.publish(T, bytes([i]) * 1_900_000).result(timeout=30) for i in range(3)]
+    first = gsub.pull(subscription=S, max_messages=10, return_immediately=True).received_messages
+    assert len(first) == 2
+    second = pull_all(gsub, S, 1, deadline=5)
+    assert sorted(r.message.message_id for r in list(first) + second) == sorted(big)
+    assert all(len(r.message.data) == 1_900_000 for r in list(first) + second)
