@@ -203,3 +203,18 @@ def test_a_pull_response_stays_under_the_clients_4_mib_limit(serve_thread, topic
     second = pull_all(gsub, S, 1, deadline=5)
     assert sorted(r.message.message_id for r in list(first) + second) == sorted(big)
     assert all(len(r.message.data) == 1_900_000 for r in list(first) + second)
+
+
+def test_a_request_with_an_unknown_field_is_refused_and_writes_nothing(serve_thread, topic_sub, warehouse: str) -> None:
+    """A raw Publish whose message carries field number 100 (not in google.pubsub.v1)."""
+    import grpc
+
+    before = table_versions(warehouse)
+    inner = pb.PubsubMessage.serialize(pb.PubsubMessage(data=b"a")) + b"\xa0\x06\x01"
+    raw = pb.PublishRequest.serialize(pb.PublishRequest(topic=T)) + b"\x12" + bytes([len(inner)]) + inner
+    with grpc.insecure_channel(f"127.0.0.1:{serve_thread.port}") as channel:
+        publish = channel.unary_unary("/google.pubsub.v1.Publisher/Publish")
+        with pytest.raises(grpc.RpcError) as e:
+            publish(raw, timeout=10)
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "messages[0].#100" in e.value.details()
+    assert table_versions(warehouse) == before

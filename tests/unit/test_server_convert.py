@@ -112,3 +112,16 @@ def test_mask_paths_need_one() -> None:
         convert.mask_paths(None)
     assert e.value.field == "update_mask"
     assert convert.mask_paths(pb.UpdateTopicRequest(update_mask={"paths": ["labels"]}).update_mask) == ["labels"]
+
+
+def test_unknown_field_numbers_are_refused_by_path() -> None:
+    ok = pb.PublishRequest(topic=T, messages=[pb.PubsubMessage(data=b"a", attributes={"k": "v"})])
+    convert.refuse_unknown_fields(pb.PublishRequest.deserialize(pb.PublishRequest.serialize(ok)))
+    inner = pb.PubsubMessage.serialize(pb.PubsubMessage(data=b"a")) + b"\xa0\x06\x01"  # field 100, varint 1
+    raw = pb.PublishRequest.serialize(pb.PublishRequest(topic=T)) + b"\x12" + bytes([len(inner)]) + inner
+    with pytest.raises(InvalidArgument) as e:
+        convert.refuse_unknown_fields(pb.PublishRequest.deserialize(raw))
+    assert e.value.field == "messages[0].#100"
+    with pytest.raises(InvalidArgument) as e:
+        convert.refuse_unknown_fields(pb.GetTopicRequest.deserialize(b"\xa0\x06\x01"))
+    assert e.value.field == "#100"

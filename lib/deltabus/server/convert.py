@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Iterable, Mapping
 
+from google.protobuf import unknown_fields
 from google.pubsub_v1 import types as pb
 
 from ..errors import InvalidArgument
@@ -38,6 +39,32 @@ PUSH_CONFIG_FIELDS = frozenset({"push_endpoint", "attributes", "oidc_token", "pu
 def set_fields(message: Any) -> list[str]:
     """Names of the fields of a proto-plus message that are set (non-default, or present)."""
     return [f.name for f, _ in type(message).pb(message).ListFields()]
+
+
+def _unknown_field(message: Any, path: str) -> str | None:
+    """The path of the first field number `message` (a protobuf message) does not declare."""
+    unknown = unknown_fields.UnknownFieldSet(message)
+    if len(unknown):
+        return f"{path}.#{unknown[0].field_number}" if path else f"#{unknown[0].field_number}"
+    for descriptor, value in message.ListFields():
+        kind = descriptor.message_type
+        if kind is None or kind.GetOptions().map_entry:
+            continue
+        name = f"{path}.{descriptor.name}" if path else descriptor.name
+        items = enumerate(value) if descriptor.is_repeated else [(None, value)]
+        for i, item in items:
+            found = _unknown_field(item, name if i is None else f"{name}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def refuse_unknown_fields(request: Any) -> None:
+    """InvalidArgument naming a field (by its number) that google.pubsub.v1 as this server
+    knows it does not declare: a request it cannot read fully is not half-applied."""
+    found = _unknown_field(type(request).pb(request), "")
+    if found is not None:
+        raise InvalidArgument(found, "unknown field number in google.pubsub.v1 as deltabus serve knows it")
 
 
 def refuse_unsupported(message: Any, supported: Iterable[str], ignored: Iterable[str], where: str) -> None:
