@@ -320,26 +320,44 @@ def _pulled(client, name: str) -> list[bytes]:
     return [r.message.data for r in client.pull(subscription=name, max_messages=10, return_immediately=True).received_messages]
 
 
-def test_an_ack_or_nack_of_a_delivery_the_nack_cascade_ended_does_not_apply(warehouse, sub, topic):
+def test_an_ack_or_nack_of_a_delivery_the_nack_cascade_ended_does_not_apply(warehouse, csub, clock, topic):
     """After a nack of a1, the deliveries of a2 and a3 that were out are over: acking a2 by its
     old ack id would take it out of its key's order (a1 again, then a3), and a nack of a3's
-    old id could hold it behind a retry delay. Both are refused, and a1, a2, a3 come again."""
-    name = sub.subscription_path("local", "ordered-stale")
-    sub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True, "ack_deadline_seconds": 60,
-                                     "retry_policy": {"minimum_backoff": {"seconds": 0}, "maximum_backoff": {"seconds": 0}}})
+    old id, later than a1's, would hold a3 until after a1 is due. Both are refused (the
+    counting calls and the per-id results alike), and a1, a2, a3 come again, in order, as
+    soon as a1's retry delay has passed."""
+    from deltabus import ackid
+    from deltabus.delivery.model import Result
+    from deltabus.delivery.operations import acknowledge_results, modify_deadline_results
+    from deltabus.registry import Registry
+    from deltabus.storage import open_engine
+
+    name = csub.subscription_path("local", "ordered-stale")
+    csub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True, "ack_deadline_seconds": 60,
+                                      "retry_policy": {"minimum_backoff": {"seconds": 30}, "maximum_backoff": {"seconds": 30}}})
     pub = PublisherClient(warehouse=warehouse, publisher_options=PublisherOptions(enable_message_ordering=True))
     try:
         pub.publish_batch(topic, [{"data": d, "ordering_key": "a"} for d in (b"a1", b"a2", b"a3")])
-        first = sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+        first = csub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
         assert [r.message.data for r in first] == [b"a1", b"a2", b"a3"]
-        sub.modify_ack_deadline(subscription=name, ack_ids=[first[0].ack_id], ack_deadline_seconds=0)
-        sub.acknowledge(subscription=name, ack_ids=[first[1].ack_id])
-        sub.modify_ack_deadline(subscription=name, ack_ids=[first[2].ack_id], ack_deadline_seconds=0)
-        again = sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+        csub.modify_ack_deadline(subscription=name, ack_ids=[first[0].ack_id], ack_deadline_seconds=0)  # a1 due in 30 s
+        clock.advance(15)
+        csub.acknowledge(subscription=name, ack_ids=[first[1].ack_id])
+        csub.modify_ack_deadline(subscription=name, ack_ids=[first[2].ack_id], ack_deadline_seconds=0)  # would be due in 45 s
+        engine = open_engine(warehouse, create=False)
+        rec = Registry(engine, clock=clock).subscription(name)
+        ended = [tuple(ackid.decode(r.ack_id))[1:] for r in first[1:]]
+        assert [r.result for r in acknowledge_results(engine, rec, ended)] == [Result.INVALID_ACK_ID] * 2
+        assert [r.result for r in modify_deadline_results(engine, rec, ended, 0, clock=clock)] == [Result.INVALID_ACK_ID] * 2
+        assert [r.result for r in modify_deadline_results(engine, rec, ended, 60, clock=clock)] == [Result.INVALID_ACK_ID] * 2
+        clock.advance(10)
+        assert _pulled(csub, name) == []  # a1 waits out its delay, and a2, a3 wait behind it
+        clock.advance(6)
+        again = csub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
         assert [r.message.data for r in again] == [b"a1", b"a2", b"a3"]
         assert [r.delivery_attempt for r in again] == [2, 2, 2]  # the cascade counts no extra attempt
-        sub.acknowledge(subscription=name, ack_ids=[r.ack_id for r in again])
-        assert _pulled(sub, name) == []
+        csub.acknowledge(subscription=name, ack_ids=[r.ack_id for r in again])
+        assert _pulled(csub, name) == []
     finally:
         pub.stop()
 
@@ -370,3 +388,37 @@ def test_a_lease_that_runs_out_brings_back_what_followed_it(warehouse, csub, clo
         assert _pulled(csub, name) == []
     finally:
         pub.stop()
+
+
+def test_a_message_marked_for_dead_lettering_ends_no_lease_of_its_key(warehouse, pub, csub, clock, topic, monkeypatch):
+    """a1 reaches its attempt limit by a lease running out; the decision that gives it up
+    (marks it for its dead-letter move) leases a2. A second decision that runs before the
+    move is finished (a racing pull that recovered before that commit) must not take a1 for
+    a run-out head and end a2's rightful lease."""
+    from deltabus.delivery.dead_letter import DeadLetterMover
+    from deltabus.types import DeadLetterPolicy
+
+    dl_topic = pub.topic_path("local", "ordered-dead-letters")
+    pub.create_topic(name=dl_topic)
+    dl_sub = csub.subscription_path("local", "ordered-dead-letters-pull")
+    csub.create_subscription(name=dl_sub, topic=dl_topic)
+    name = csub.subscription_path("local", "ordered-dl")
+    csub.create_subscription(request={"name": name, "topic": topic, "enable_message_ordering": True, "ack_deadline_seconds": 10,
+                                      "dead_letter_policy": DeadLetterPolicy(dl_topic, 5)})
+    pub.publish_batch(topic, [{"data": b"a1", "ordering_key": "a"}, {"data": b"a2", "ordering_key": "a"}])
+    for attempt in range(1, 6):
+        (got,) = csub.pull(subscription=name, max_messages=1, return_immediately=True).received_messages
+        assert (got.message.data, got.delivery_attempt) == (b"a1", attempt)
+        if attempt < 5:
+            csub.modify_ack_deadline(subscription=name, ack_ids=[got.ack_id], ack_deadline_seconds=0)
+    clock.advance(11)  # the 5th lease runs out
+    with monkeypatch.context() as m:
+        m.setattr(DeadLetterMover, "finish", lambda self, engine, key: None)  # the move is left marked
+        (a2,) = csub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+        assert a2.message.data == b"a2"
+        m.setattr(DeadLetterMover, "recover", lambda self, engine: [])  # a pull that recovered before that commit
+        assert _pulled(csub, name) == []
+        csub.acknowledge(subscription=name, ack_ids=[a2.ack_id])  # still the current delivery: it applies
+    assert _pulled(csub, name) == []  # this pull finishes the move; a2 does not come back
+    assert _pulled(csub, dl_sub) == [b"a1"]
+    assert csub.get_backlog(name).num_unacked_messages == 0

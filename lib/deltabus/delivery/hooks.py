@@ -29,7 +29,7 @@ RetryDelay = Callable[[pa.Table, float], pa.Array]
 # now in seconds -> the filter of the deliveries rows due (available to lease) at now.
 DueFilter = Callable[[float], pc.Expression]
 # (available rows: STATE_COLUMNS + ordering_key, new messages: FANOUT_COLUMNS, each in
-# lease order; the subscription's KeyState, held keys from selection.read_held_keys) ->
+# lease order; the subscription's KeyState, held keys from selection.read_key_rows) ->
 # (mask over available, mask over new): True = may be leased now.
 Eligibility = Callable[[pa.Table, pa.Table, KeyState], tuple[pa.Array, pa.Array]]
 # the attempt each candidate would get -> boolean mask: True = give up instead of leasing.

@@ -205,7 +205,11 @@ def commit(
     metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
     leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
     # GIVE_UP rows update too (they mark), and so do CASCADE rows beside leases (an expired
-    # head's followers), all decided on the same snapshot as the leases.
+    # head's followers), all decided on the same snapshot as the leases. On delta-spark a
+    # CASCADE (or mark) refused because its row was acked in the window before the MERGE's
+    # read also reruns the decision although every lease applied: those leases then expire
+    # unused (a key held for one lease length, one attempt counted). Accepted, as for marks:
+    # the check cannot tell which rows were refused. delta-rs merges exactly its snapshot.
     marks = pc.sum(pc.is_in(source["op"], pa.array([Op.GIVE_UP.value, Op.CASCADE.value]))).as_py() or 0
     if leases and metrics.get("num_target_rows_updated", leases + marks) < leases + marks:
         # The lease compare-and-set refused some rows: another writer leased them after our

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -67,7 +68,7 @@ def read_available(
     ``limit <= 0`` it reads nothing and returns no rows (callers need no guard). `due` is
     the subscription's ``DeliveryHooks.due`` (a retry policy's waits); None: the default
     ``available_filter``. Either way a file whose every lease runs past `now` is skipped
-    (a policy only ever narrows what is due). `held` (ordering keys: ``read_held_keys``)
+    (a policy only ever narrows what is due). `held` (ordering keys: ``read_key_rows``)
     adds the ``ordering_key`` column and leaves out the rows of those keys, so a key whose
     earlier messages are outstanding never crowds the others out of the read."""
     with_keys = held is not None
@@ -104,9 +105,10 @@ def read_key_rows(
     the rows that are not due (a lease running, a nack waiting out its retry delay) or are
     in `exclude` (the push job's in-flight ids). The rows (KEY_COLUMNS, lease_expires as
     int64 us, without `exclude` and `released`) are those with a lease running or run out,
-    for ``policy.ordering.ran_out``. Called only for subscriptions with message ordering,
-    so the default path reads nothing more; reads the rows that have a key and a lease
-    that is not a plain nack, so its cost follows the outstanding messages, not the backlog.
+    for ``policy.ordering.ran_out``; rows marked for a dead-letter move are left out of them.
+    Called only for subscriptions with message ordering, so the default path reads nothing
+    more. It reads the keyed rows that are outstanding or whose lease ran out and were not
+    leased again yet: its cost follows those, not the backlog of messages never delivered.
     `released`: ids acked in the very MERGE the leases go into (the push job's acks of this
     batch); they hold nothing, so the next message of their key may go in the same commit."""
     waiting = pc.invert(available_filter(now) if due is None else due(now))
@@ -116,9 +118,11 @@ def read_key_rows(
         waiting = waiting | message_id.isin(pa.array(sorted(exclude - released), pa.string()))
     if released:
         waiting = waiting & pc.invert(message_id.isin(pa.array(sorted(released), pa.string())))
-    leased = (lease > pa.scalar(NACKED_MAX_US, TS)) & (pc.field("delivery_attempt") >= 1)
+    # A row marked for a dead-letter move is leaving: it is no run-out head (its move may be
+    # unfinished while a follower it let through is rightly leased) and it ends nothing.
+    leased = (lease > pa.scalar(NACKED_MAX_US, TS)) & (pc.field("delivery_attempt") >= 1) & pc.field("dead_letter_key").is_null()
     keyed_rows = pc.field("ordering_key").cast(pa.string()) != ""
-    rows = snap.read(KEY_COLUMNS, partition=sub_uid, filter=lease.is_valid() & keyed_rows & (waiting | leased))
+    rows = snap.read(KEY_COLUMNS + ["dead_letter_key"], partition=sub_uid, filter=lease.is_valid() & keyed_rows & (waiting | leased))
     if rows.num_rows == 0:
         return NO_KEYS.held, NO_ENDED_ROWS
     rows = pa.table({
@@ -128,13 +132,15 @@ def read_key_rows(
         "delivery_attempt": rows["delivery_attempt"].cast(pa.int32()),
         "lease_expires": rows["lease_expires"].cast(pa.int64()),
         "waiting": _evaluate(rows, waiting),
+        "marked": pc.is_valid(rows["dead_letter_key"]),
     })
     held_rows = rows.filter(rows["waiting"])
     held = pc.unique(held_rows["ordering_key"].combine_chunks()) if held_rows.num_rows else NO_KEYS.held
+    rows = rows.filter(pc.invert(rows["marked"]))
     gone = exclude | released
     if gone:
         rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], pa.array(sorted(gone), pa.string()))))
-    return held, rows.drop_columns(["waiting"])
+    return held, rows.drop_columns(["waiting", "marked"])
 
 
 NO_ENDED_ROWS = pa.schema(
@@ -145,7 +151,7 @@ NO_ENDED_ROWS = pa.schema(
 
 def _evaluate(rows: pa.Table, expression: pc.Expression) -> pa.ChunkedArray:
     """`expression` (a filter over deliveries columns) evaluated per row of `rows`, nulls False."""
-    marked = rows.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
+    marked = rows.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     hit = pc.is_in(marked["__row"], value_set=marked.filter(expression)["__row"].combine_chunks())
     return pa.chunked_array([hit])
 
@@ -174,8 +180,8 @@ def read_candidates(
     cascade waits for a decision that can lease."""
     if hooks.eligible is None:
         return read_available(snap, sub_uid, now, room, exclude, due=hooks.due), NO_KEYS
-    if room <= 0:
-        return empty_available(True), NO_KEYS
+    if room <= 0:  # nothing can be leased: nothing read, nothing ended (the next decision will)
+        return empty_available(True), KeyState(NO_KEYS.held, False)
     held, rows = read_key_rows(snap, sub_uid, now, exclude, hooks.due, released)
     limit = room * read_factor
     available = read_available(snap, sub_uid, now, limit, exclude, due=hooks.due, held=held)
