@@ -14,6 +14,7 @@ import sys
 import pytest
 from google.api_core import exceptions as gexc
 from google.protobuf import field_mask_pb2
+from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pb
 
 from deltabus import SubscriberClient
@@ -202,3 +203,30 @@ def test_serve_refuses_a_network_host_without_tls(warehouse: str) -> None:
 
     assert main(["serve", "--warehouse", warehouse, "--port", "0", "--host", "0.0.0.0"], environ={}) == 1
     assert not os.path.exists(warehouse)
+
+
+def test_tls(warehouse: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tls_cert/tls_key the server speaks TLS only; the real client reaches it over a
+    secure channel it is given (PUBSUB_EMULATOR_HOST channels are plain text)."""
+    import grpc
+    from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+
+    from deltabus.server.app import ServerThread
+    from deltabus.server.settings import ServeSettings
+    from tests.integration.test_tls import self_signed
+
+    monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
+    cert, key = self_signed(tmp_path)
+    server = ServerThread(ServeSettings(warehouse=warehouse, port=0, tls_cert=str(cert), tls_key=str(key))).start()
+    try:
+        channel = grpc.secure_channel(f"localhost:{server.port}", grpc.ssl_channel_credentials(cert.read_bytes()))
+        client = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=channel))
+        assert client.create_topic(name=T).name == T
+        assert client.get_topic(topic=T).name == T
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as plain:
+            with pytest.raises(grpc.RpcError) as e:
+                plain.unary_unary("/google.pubsub.v1.Publisher/GetTopic")(pb.GetTopicRequest.serialize(pb.GetTopicRequest(topic=T)), timeout=5)
+            assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+        channel.close()
+    finally:
+        server.stop()
