@@ -200,9 +200,9 @@ ENGINES_RESULT = {
     "pull": {"delta-rs": {"processes_1_msgs_per_s": 9000.4}, "delta-spark": {"processes_1_msgs_per_s": 850.0}},
     "runs": [
         {"engine": "delta-rs", "master": "local", "push_msgs_per_s": 7100.2,
-         "latency": {"messages": 100, "received": 100, "p50_s": 0.21, "p99_s": 0.4}},
+         "latency": {"target_rate": 500.0, "messages": 100, "received": 100, "p50_s": 0.21, "p99_s": 0.4}},
         {"engine": "delta-spark", "master": "local", "push_msgs_per_s": 1234.5,
-         "latency": {"messages": 100, "received": 98, "p50_s": 0.9, "p99_s": None}},
+         "latency": {"target_rate": 50.0, "messages": 100, "received": 98, "p50_s": 0.9, "p99_s": None}},
         {"engine": "delta-rs", "master": "standalone", "error": "deliver.py exited 1:\nboom"},
     ],
 }
@@ -212,9 +212,9 @@ def test_engines_table_has_a_row_per_engine_and_master_and_pull_per_engine():
     from bench.run import engines_table
 
     lines = engines_table(ENGINES_RESULT).splitlines()
-    assert lines[0].startswith("| engine | master | push msg/s | publish → push p50 / p99 | pull")
-    assert lines[2] == "| delta-rs | local (`local[4]`) | 7,100 | 0.21 s / 0.40 s | 9,000 |"
-    assert lines[3] == "| delta-spark | local (`local[4]`) | 1,234 | 0.90 s / not received (98/100 received) | 850 |"
+    assert lines[0].startswith("| engine | master | push msg/s | publish → push p50 / p99 (at msg/s) | pull")
+    assert lines[2] == "| delta-rs | local (`local[4]`) | 7,100 | 0.21 s / 0.40 s (at 500) | 9,000 |"
+    assert lines[3] == "| delta-spark | local (`local[4]`) | 1,234 | 0.90 s / not received (at 50) (98/100 received) | 850 |"
     assert lines[4] == "| delta-rs | standalone, 2 workers × 3 slots | failed: deliver.py exited 1: | – | 9,000 |"
     assert len(lines) == 5
 
