@@ -108,8 +108,11 @@ def handlers(state: ServerState) -> list[grpc.GenericRpcHandler]:
     pub = {m.name: _unary(publisher, m) for m in PUBLISHER_METHODS}
     sub = {m.name: _unary(subscriber, m) for m in SUBSCRIBER_METHODS}
 
-    def streaming_pull(request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return streaming.handle_streaming_pull(state, request_iterator, context)
+    # An async generator function itself: grpc.aio tells streaming handlers apart by
+    # inspect.isasyncgenfunction, so a plain function returning one is not served.
+    async def streaming_pull(request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async for response in streaming.handle_streaming_pull(state, request_iterator, context):
+            yield response
 
     sub["StreamingPull"] = grpc.stream_stream_rpc_method_handler(
         streaming_pull,

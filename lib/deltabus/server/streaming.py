@@ -1,28 +1,346 @@
-"""StreamingPull of `deltabus serve`.
+"""StreamingPull of `deltabus serve`, on grpc.aio: no thread per stream.
 
-PLACEHOLDER, to be replaced (issue 14, part B, written by another helper): until then every
-StreamingPull call ends with UNIMPLEMENTED, so the official client's ``subscribe()`` stops
-with an error instead of hanging. Unary Pull, Acknowledge and ModifyAckDeadline work.
+Contract.
 
-The contract app.py calls: ``await handle_streaming_pull(state, request_iterator, context)``,
-an async generator of ``google.pubsub_v1.types.StreamingPullResponse`` (``state`` is the
-server's ``ServerState``, see ``state.py``).
+- **The first request** names the subscription and ``stream_ack_deadline_seconds``
+  (10..600, INVALID_ARGUMENT otherwise; a later request may change it: leases granted
+  after that last that long), ``max_outstanding_messages`` and ``max_outstanding_bytes``
+  (0 = no limit). A missing subscription ends the stream with NOT_FOUND, a push one with
+  FAILED_PRECONDITION (the client gives up on both). Later requests carry acks
+  (``ack_ids``), deadline changes (``modify_deadline_ack_ids`` with the same number of
+  ``modify_deadline_seconds``; 0 is a nack) or nothing (a heartbeat).
+- **Leases** come from the server's group commit (``group_commit.GroupCommits``): a
+  stream with room (``policy.stream_flow``) asks for that many; its leases end
+  ``stream_ack_deadline_seconds`` after the round. Responses stay under the client's
+  4 MiB limit (several responses for one round when needed) and carry
+  ``subscription_properties`` (message ordering; exactly-once is off until issue 15). The
+  core's lease selection already keeps ordering keys in order; a round's leases of one
+  key go to one stream and are sent in lease order.
+- **Flow control.** A message is outstanding on its stream from its lease until its ack
+  id is acked or nacked (on the stream, or by a unary Acknowledge / ModifyAckDeadline,
+  which go through ``StreamHub`` too: it maps every outstanding ack id to its stream) or
+  its lease runs out; an extension moves its end.
+- **Wake-ups, no per-stream polling.** A stream that got nothing waits on its own event.
+  It is set by (1) the server's own Publish commits (``StreamHub.published(topic_uid)``:
+  the streams of that topic); (2) ONE watcher thread per server, following the messages
+  table's log through the process's ``watch.LogWatcher`` (other writers' publishes; a
+  stat of the log every 20 ms); (3) a nack through the hub (the streams of that
+  subscription, after the nack's round); (4) its own acks freeing flow room. Lease
+  expiries and other processes' nacks make no message commit, so a waiting stream also
+  re-asks every ``IDLE_RECHECK`` seconds; the group commit folds those asks of one
+  subscription into one round.
+- **Breaks and stops.** A stream that breaks keeps nothing: its leases run out and the
+  messages come back. When the server stops (``ServerState.stopping``) every open stream
+  ends with UNAVAILABLE, so clients reconnect.
 """
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
 
 import grpc
 import grpc.aio
 from google.pubsub_v1 import types as pb
 
-from .state import ServerState
+from .. import ackid, names
+from ..errors import FailedPrecondition, InvalidArgument
+from ..policy.stream_flow import StreamFlow
+from ..registry import SubscriptionRecord
+from . import convert
+from .group_commit import GroupCommits
+from .state import MESSAGE_OVERHEAD, RESPONSE_LIMIT, ServerState
+from .status import status_of
+
+log = logging.getLogger(__name__)
+
+MIN_STREAM_DEADLINE = 10
+MAX_STREAM_DEADLINE = 600
+# Seconds a waiting stream goes without asking again: lease expiries and other processes'
+# nacks make no commit to the messages table (the same bound as the library's pull waits).
+IDLE_RECHECK = 1.0
+WATCH_TIMEOUT = 1.0  # seconds the watcher thread waits per call (it checks for a stop between)
+
+
+@dataclass(eq=False, slots=True)
+class _Stream:
+    subscription: str
+    sub_uid: str
+    topic_uid: str
+    ordering: bool
+    lease_seconds: float
+    flow: StreamFlow
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None
+    closed: bool = False  # the client half-closed its side
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class StreamHub:
+    """The server's streams, their outstanding ack ids and their wake-ups; owns the group commit.
+
+    Made once per server on its event loop (``hub_for``); every method runs on that loop."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=state.executor)
+        self._streams: set[_Stream] = set()
+        self._owner: dict[str, _Stream] = {}
+        self._loop = asyncio.get_running_loop()
+        self._halt = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="deltabus-serve-watch", daemon=True)
+        self._watcher.start()
+        self._stop_task = self._loop.create_task(self._on_stop())
+        self.wakeups = 0  # watcher wake-ups (a test reads it)
+
+    # -- the subscription, outcomes ----------------------------------------------------
+    def _lookup(self, name: str) -> SubscriptionRecord:
+        return self._state.registry.subscription(name)
+
+    async def acknowledge(self, subscription: str, ids: Sequence[ackid.AckId]) -> None:
+        """Ack through the group commit; the acked ids stop counting on their streams at once."""
+        for a in ids:
+            self._settle(ackid.encode(*a))
+        await self.commits.acknowledge(subscription, ids)
+
+    async def modify_deadline(self, subscription: str, ids: Sequence[ackid.AckId], seconds: float) -> None:
+        """Change deadlines (0: nack) through the group commit; a nack wakes the
+        subscription's streams once committed (the message is due again)."""
+        until = self._state.clock() + seconds
+        for a in ids:
+            enc = ackid.encode(*a)
+            if seconds <= 0:
+                self._settle(enc)
+            else:
+                s = self._owner.get(enc)
+                if s is not None:
+                    s.flow.extended(enc, until)
+        await self.commits.modify_deadline(subscription, ids, seconds)
+        if seconds <= 0 and ids:
+            self._wake(lambda s: s.sub_uid == ids[0].sub_uid)
+
+    def _settle(self, ack_id: str) -> None:
+        s = self._owner.pop(ack_id, None)
+        if s is not None and s.flow.settled(ack_id):
+            s.wake.set()
+
+    # -- wake-ups ---------------------------------------------------------------------------
+    def published(self, topic_uid: str) -> None:
+        """The server committed messages to `topic_uid`: wake that topic's streams."""
+        self._wake(lambda s: s.topic_uid == topic_uid)
+
+    def _wake(self, which: Any = None) -> None:
+        for s in self._streams:
+            if which is None or which(s):
+                s.wake.set()
+
+    def _watch(self) -> None:
+        """The one watcher thread: wakes every stream when the messages table moves."""
+        try:
+            watcher = self._state.watcher
+            uri = self._state.engine.table_uri("messages")
+            seen = watcher.current([uri])
+            while not self._halt.is_set():
+                if watcher.wait_newer(seen, WATCH_TIMEOUT, self._halt):
+                    seen = watcher.current([uri])
+                    self.wakeups += 1
+                    self._loop.call_soon_threadsafe(self._wake)
+        except Exception as exc:  # the loop closed under us, or storage went away: streams still recheck
+            if not self._halt.is_set():
+                log.warning("deltabus serve: the log watcher thread stopped (%s)", type(exc).__name__)
+
+    async def _on_stop(self) -> None:
+        await self._state.stopping.wait()
+        self._halt.set()
+        self._wake()
+        _HUBS.pop(id(self._state), None)
+
+    # -- streams ------------------------------------------------------------------------------
+    def add(self, s: _Stream) -> None:
+        self._streams.add(s)
+
+    def remove(self, s: _Stream) -> None:
+        self._streams.discard(s)
+        for a in s.flow.ack_ids():
+            if self._owner.get(a) is s:
+                del self._owner[a]
+        for t in s.tasks:
+            t.cancel()
+
+    def own(self, s: _Stream, ack_id: str) -> None:
+        self._owner[ack_id] = s
+
+    def forget(self, s: _Stream, ack_ids: Sequence[str]) -> None:
+        for a in ack_ids:
+            if self._owner.get(a) is s:
+                del self._owner[a]
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+
+_HUBS: dict[int, tuple[ServerState, StreamHub]] = {}
+
+
+def hub_for(state: ServerState) -> StreamHub:
+    """The server's StreamHub, made on first use on the server's loop."""
+    got = _HUBS.get(id(state))
+    if got is None or got[0] is not state:
+        hub = StreamHub(state)
+        _HUBS[id(state)] = (state, hub)
+        return hub
+    return got[1]
+
+
+def decode_ids(values: Sequence[str], field_name: str) -> list[ackid.AckId]:
+    return [ackid.decode(v, f"{field_name}[{i}]") for i, v in enumerate(values)]
+
+
+def _deadline(seconds: int, field_name: str) -> int:
+    if not MIN_STREAM_DEADLINE <= seconds <= MAX_STREAM_DEADLINE:
+        raise InvalidArgument(field_name, f"must be {MIN_STREAM_DEADLINE}..{MAX_STREAM_DEADLINE} seconds, got {seconds}")
+    return seconds
+
+
+def _modacks(req: pb.StreamingPullRequest) -> dict[int, list[ackid.AckId]]:
+    ids = list(req.modify_deadline_ack_ids)
+    secs = list(req.modify_deadline_seconds)
+    if len(ids) != len(secs):
+        raise InvalidArgument(
+            "modify_deadline_seconds", f"must have one entry per modify_deadline_ack_ids entry ({len(secs)} != {len(ids)})"
+        )
+    by: dict[int, list[ackid.AckId]] = {}
+    for i, (a, s) in enumerate(zip(ids, secs)):
+        if not 0 <= s <= MAX_STREAM_DEADLINE:
+            raise InvalidArgument(f"modify_deadline_seconds[{i}]", f"must be 0..{MAX_STREAM_DEADLINE}, got {s}")
+        by.setdefault(s, []).append(ackid.decode(a, f"modify_deadline_ack_ids[{i}]"))
+    return by
+
+
+async def _read(hub: StreamHub, s: _Stream, requests: AsyncIterator[pb.StreamingPullRequest]) -> None:
+    """Consume the client's later requests: deadline, acks, deadline changes, heartbeats."""
+    try:
+        async for req in requests:
+            if req.stream_ack_deadline_seconds:
+                s.lease_seconds = _deadline(req.stream_ack_deadline_seconds, "stream_ack_deadline_seconds")
+            if req.ack_ids:
+                ids = decode_ids(list(req.ack_ids), "ack_ids")
+                _spawn(s, hub.acknowledge(s.subscription, ids))
+            if req.modify_deadline_ack_ids or req.modify_deadline_seconds:
+                for secs, group in _modacks(req).items():
+                    _spawn(s, hub.modify_deadline(s.subscription, group, secs))
+        s.closed = True
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        s.error = exc
+    s.wake.set()
+
+
+def _spawn(s: _Stream, coro: Any) -> None:
+    task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+    s.tasks.add(task)
+
+    def done(t: asyncio.Task[None]) -> None:
+        s.tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            s.error = t.exception()
+            s.wake.set()
+
+    task.add_done_callback(done)
+
+
+def _responses(received: Sequence[pb.ReceivedMessage], props: pb.StreamingPullResponse.SubscriptionProperties, sizes: Sequence[int]) -> list[pb.StreamingPullResponse]:
+    out: list[pb.StreamingPullResponse] = []
+    chunk: list[pb.ReceivedMessage] = []
+    total = 0
+    for m, size in zip(received, sizes):
+        if chunk and total + size > RESPONSE_LIMIT:
+            out.append(pb.StreamingPullResponse(received_messages=chunk, subscription_properties=props))
+            chunk, total = [], 0
+        chunk.append(m)
+        total += size
+    if chunk:
+        out.append(pb.StreamingPullResponse(received_messages=chunk, subscription_properties=props))
+    return out
 
 
 async def handle_streaming_pull(
     state: ServerState, request_iterator: AsyncIterator[pb.StreamingPullRequest], context: grpc.aio.ServicerContext[Any, Any]
 ) -> AsyncIterator[pb.StreamingPullResponse]:
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "StreamingPull is not implemented yet (placeholder); use Pull")
-    # abort raises; the yield makes this an async generator, the shape the real one has
-    yield pb.StreamingPullResponse()  # type: ignore[unreachable]
+    """Serve one StreamingPull call (see the module docstring)."""
+    hub = hub_for(state)
+    s: _Stream | None = None
+    reader: asyncio.Task[None] | None = None
+    try:
+        try:
+            first = await request_iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        if not first.subscription:
+            raise InvalidArgument("subscription", "the first StreamingPull request must name the subscription")
+        name = str(names.parse_subscription(first.subscription))
+        lease_seconds = _deadline(first.stream_ack_deadline_seconds, "stream_ack_deadline_seconds")
+        for field_name in ("max_outstanding_messages", "max_outstanding_bytes"):
+            if getattr(first, field_name) < 0:
+                raise InvalidArgument(field_name, f"must be >= 0 (0: no limit), got {getattr(first, field_name)}")
+        flow = StreamFlow(max_messages=first.max_outstanding_messages, max_bytes=first.max_outstanding_bytes)
+        rec = await state.run(hub._lookup, name)
+        if rec.push_config.is_push:
+            raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
+        s = _Stream(name, rec.sub_uid, rec.topic_uid, rec.enable_message_ordering, float(lease_seconds), flow)
+        if first.ack_ids:  # outcomes may ride on the first request too
+            _spawn(s, hub.acknowledge(name, decode_ids(list(first.ack_ids), "ack_ids")))
+        for secs, group in _modacks(first).items():
+            _spawn(s, hub.modify_deadline(name, group, secs))
+        props = pb.StreamingPullResponse.SubscriptionProperties(
+            message_ordering_enabled=rec.enable_message_ordering, exactly_once_delivery_enabled=False
+        )
+        hub.add(s)
+        reader = asyncio.get_running_loop().create_task(_read(hub, s, request_iterator))
+        while True:
+            if state.stopping.is_set():
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping; reconnect")
+            if s.error is not None:
+                raise s.error
+            if s.closed:
+                return
+            now = state.clock()
+            hub.forget(s, s.flow.expire(now))
+            room = s.flow.room()
+            s.wake.clear()
+            if room > 0:
+                granted = await hub.commits.lease(name, room, s.lease_seconds)
+                if granted.messages:
+                    received, sizes = [], []
+                    for m in granted.messages:
+                        size = m.message.size
+                        s.flow.leased(m.ack_id, size, granted.lease_end)
+                        hub.own(s, m.ack_id)
+                        received.append(convert.received_to_proto(
+                            m.ack_id, m.message.data, m.message.attributes, m.message.message_id,
+                            m.message.publish_time, m.message.ordering_key, m.delivery_attempt))
+                        sizes.append(size + len(m.ack_id) + len(m.message.message_id) + len(m.message.ordering_key) + MESSAGE_OVERHEAD)
+                    for resp in _responses(received, props, sizes):
+                        yield resp
+                    continue
+            try:
+                await asyncio.wait_for(s.wake.wait(), IDLE_RECHECK)
+            except asyncio.TimeoutError:
+                pass
+    except (asyncio.CancelledError, grpc.aio.AbortError):
+        raise
+    except Exception as exc:
+        st = status_of(exc)
+        if st.code is grpc.StatusCode.INTERNAL:
+            log.error("StreamingPull failed: %s", type(exc).__name__, exc_info=exc)
+        await context.abort(st.code, st.message)
+    finally:
+        if reader is not None:
+            reader.cancel()
+        if s is not None:
+            hub.remove(s)

@@ -28,7 +28,9 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as pb
 
 from ..errors import InvalidArgument
-from . import convert
+from .. import ackid, names
+from ..types import MAX_ACK_DEADLINE
+from . import convert, streaming
 from .calls import rpc, unimplemented
 from .publisher_service import page_request
 from .state import LeasedMessage, ServerState, split_for_response
@@ -40,6 +42,14 @@ WAIT_STEP = 0.02  # seconds between stats of the logs while waiting
 DEADLINE_MARGIN = 0.5  # seconds before the call's deadline a waiting Pull answers
 MAX_PULL = 1000
 SNAPSHOTS_LATER = "snapshots and seek are not supported yet: issue 15 brings them"
+
+
+def _ack_ids(subscription: str, ack_ids: Any) -> tuple[str, list[ackid.AckId]]:
+    """The subscription's name and the decoded ack ids (InvalidArgument naming the field)."""
+    name = str(names.parse_subscription(subscription))
+    if not ack_ids:
+        raise InvalidArgument("ack_ids", "at least one ack id is required")
+    return name, streaming.decode_ids(list(ack_ids), "ack_ids")
 
 
 def received(m: LeasedMessage) -> pb.ReceivedMessage:
@@ -100,18 +110,19 @@ class SubscriberService:
     # -- delivery --------------------------------------------------------------------------
     @rpc
     async def Acknowledge(self, request: pb.AcknowledgeRequest, context: Context) -> empty_pb2.Empty:
-        body = {"subscription": request.subscription, "ack_ids": list(request.ack_ids)}
-        await self.state.run(self.state.subscriber.acknowledge, request=body)
+        # Through the group commit (streaming.StreamHub), so the acked messages stop counting
+        # against their StreamingPull's flow control and share a MERGE with other callers.
+        name, ids = _ack_ids(request.subscription, request.ack_ids)
+        await streaming.hub_for(self.state).acknowledge(name, ids)
         return empty_pb2.Empty()
 
     @rpc
     async def ModifyAckDeadline(self, request: pb.ModifyAckDeadlineRequest, context: Context) -> empty_pb2.Empty:
-        body = {
-            "subscription": request.subscription,
-            "ack_ids": list(request.ack_ids),
-            "ack_deadline_seconds": request.ack_deadline_seconds,
-        }
-        await self.state.run(self.state.subscriber.modify_ack_deadline, request=body)
+        seconds = request.ack_deadline_seconds
+        if not 0 <= seconds <= MAX_ACK_DEADLINE:
+            raise InvalidArgument("ack_deadline_seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds}")
+        name, ids = _ack_ids(request.subscription, request.ack_ids)
+        await streaming.hub_for(self.state).modify_deadline(name, ids, seconds)
         return empty_pb2.Empty()
 
     @rpc

@@ -1,0 +1,384 @@
+"""Group commit: the leases, acks and deadline changes of ALL callers of one subscription in ONE MERGE per round.
+
+Contract.
+
+- **Rounds.** ``GroupCommits`` keeps one queue per subscription. A call (a stream's or a
+  unary Pull's lease ask, an Acknowledge, a ModifyAckDeadline, from the stream or unary)
+  joins its subscription's queue and awaits its own answer. While no round runs, a call
+  starts one at once; while one runs, calls queue, and the next round takes every queued
+  call (natural batching: the busier the subscription, the larger each MERGE, and an idle
+  one waits for nothing). A round runs on a worker thread (the delta-rs work blocks), so
+  no stream holds a thread, and rounds of different subscriptions run side by side.
+- **One round = one ``engine.transact``** composing the delivery core exactly as
+  ``delivery/operations.py`` pull / acknowledge / modify_deadline do (dead-letter
+  ``prepare`` before, ``mark`` inside, ``finish`` after; fan-out from the cursor; the idle
+  cursor moved alone past IDLE_CURSOR_LAG versions of other topics; the ordering nack
+  cascade), so a commit conflict reruns the whole round on a fresh snapshot, reading the
+  time again.
+- **One row per message.** ``policy.round_outcomes.resolve`` keeps one outcome per message
+  (latest delivery attempt; an ack wins; else the last deadline change in arrival order).
+  Ids with an outcome in the round are left out of lease candidates. The nack cascade
+  (ordering) leaves out messages acked in the round and replaces their deadline changes.
+- **Leases** of a round are sized by the sum of the lease asks (at most
+  ``MAX_ROUND_LEASES``) and split by ``round_outcomes.split`` (arrival order; ordering
+  keys kept on one caller). Each caller's leases end ``lease_seconds`` after the round's
+  time. Payloads are read once per round for all its leases.
+- **Answers.** A lease ask gets ``Granted`` (its messages, and when their leases end). An
+  outcome ask gets one ``IdResult`` per id when it asked for results (the round then
+  reads the rows of the messages first and applies only what the results say, as
+  ``operations.acknowledge_results`` does), else None (nothing is read first). Ack ids of
+  another subscription (or an earlier incarnation of this one) are ignored, with an
+  INVALID_ACK_ID result. A failing round (the subscription deleted: NotFound; a storage
+  error) fails every call in it with the same error.
+- ``listen(fn)``: fn(ack ids, seconds) is called on the event loop when an outcome is
+  submitted (seconds None = ack, 0 = nack): StreamingPull's flow control counts a message
+  done when its ack arrives, whichever path it takes.
+
+Measured reason for natural batching over a fixed interval: see the report in
+``tests/integration/test_server_streaming.py`` (rounds counted against calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor
+from typing import Callable, NamedTuple, Sequence, Union
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import ackid
+from ..delivery import dead_letter
+from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
+from ..delivery.fanout import from_change_feed
+from ..delivery.hooks import DeliveryHooks, hooks_for
+from ..delivery.merge import commit
+from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
+from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
+from ..delivery.payloads import fetch_messages
+from ..delivery.selection import read_candidates, select
+from ..policy.round_outcomes import Outcome, resolve, result_of, split
+from ..registry import SubscriptionRecord
+from ..storage import Engine, Snapshot
+from ..storage.tables import DELIVERIES
+from ..timestamps import to_us
+from ..types import PubsubMessage, ReceivedMessage
+
+log = logging.getLogger(__name__)
+
+# The most leases one round grants (all its callers together): bounds a round's MERGE and
+# payload read when hundreds of streams ask at once.
+MAX_ROUND_LEASES = 5000
+
+
+class LeaseAsk(NamedTuple):
+    """Lease up to `max_messages` for `lease_seconds` (a stream's or a unary Pull's ask)."""
+
+    max_messages: int
+    lease_seconds: float
+
+
+class OutcomeAsk(NamedTuple):
+    """Outcomes for ack ids of one call, in request order. `seconds` None: ack; 0: nack;
+    > 0: the lease ends that many seconds after the round's time."""
+
+    ids: tuple[ackid.AckId, ...]
+    seconds: float | None
+    want_results: bool = False
+
+
+Ask = Union[LeaseAsk, OutcomeAsk]
+
+
+class Granted(NamedTuple):
+    messages: list[ReceivedMessage]
+    lease_end: float  # clock time the leases end (the round's time + lease_seconds)
+
+
+Answer = Union[Granted, list[IdResult], None]
+
+
+class _Decided(NamedTuple):
+    now: float
+    leases: list[Lease]
+    assign: list[list[int]]
+    applied: dict[str, bool] | None
+    dead_key: int | None
+
+
+def run_round(
+    engine: Engine,
+    sub: SubscriptionRecord,
+    asks: Sequence[Ask],
+    clock: Callable[[], float],
+    *,
+    max_leases: int = MAX_ROUND_LEASES,
+) -> list[Answer]:
+    """Run one round for `asks` (arrival order) on `sub`; return each ask's answer. Blocking."""
+    uid = sub.sub_uid
+    lease_idx = [i for i, a in enumerate(asks) if isinstance(a, LeaseAsk)]
+    out_idx = [i for i, a in enumerate(asks) if isinstance(a, OutcomeAsk)]
+    lease_asks = [a for a in asks if isinstance(a, LeaseAsk)]
+    outcome_asks = [a for a in asks if isinstance(a, OutcomeAsk)]
+    policy = hooks_for(sub)
+    dead: dead_letter.DeadLetterMover | None = None
+    wants = [max(0, a.max_messages) for a in lease_asks]
+    room = min(sum(wants), max_leases)
+    if room > 0:  # as pull: finish unfinished moves first; a missing topic drops give_up
+        policy, dead = dead_letter.prepare(engine, sub, policy, clock)
+    flat = [Outcome(i.message_id, i.delivery_attempt, a.seconds) for a in outcome_asks for i in a.ids if i.sub_uid == uid]
+    winners = resolve(flat)
+    want = any(a.want_results for a in outcome_asks)
+    lease_secs = [a.lease_seconds for a in lease_asks]
+
+    def fn(snap: Snapshot) -> _Decided:
+        now = clock()
+        parts, applied = _outcome_parts(snap, uid, winners, want, now, policy)
+        txns: list[tuple[str, int]] = []
+        leases: list[Lease] = []
+        assign: list[list[int]] = [[] for _ in lease_asks]
+        key = None
+        if room > 0:
+            fan = from_change_feed(engine, snap, sub, keep=policy.keep)
+            available, keys = read_candidates(snap, uid, now, room, policy, frozenset(winners))
+            if available.num_rows or fan.rows.num_rows or keys.ended.num_rows:
+                chosen = select(uid, available, fan.rows, room, to_us(now + max(lease_secs)), policy, keys)
+                chosen_parts, chosen_txns = chosen.parts, fan.txns(uid)
+                if chosen.given_up and dead is not None:  # marked in this commit (the move's intent)
+                    chosen_parts, chosen_txns, key = dead.mark(snap, chosen_parts, chosen_txns)
+                leases = chosen.leases
+                order_keys = _keys_of(leases, available, fan.rows) if policy.eligible is not None else [""] * len(leases)
+                assign = split(order_keys, wants)
+                if len(set(lease_secs)) > 1:
+                    ends = {leases[k].message_id: to_us(now + lease_secs[j]) for j, ks in enumerate(assign) for k in ks}
+                    chosen_parts = [_reexpire(p, ends) for p in chosen_parts]
+                parts = _merge_cascades(parts + chosen_parts)
+                txns.extend(chosen_txns)
+            elif fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
+                txns.append((cursor_app_id(uid), fan.end))
+        commit(snap, parts, [uid], txns)
+        return _Decided(now, leases, assign, applied, key)
+
+    if not winners and room <= 0:
+        decided = _Decided(clock(), [], [[] for _ in lease_asks], {} if want else None, None)
+    else:
+        decided = engine.transact(DELIVERIES.name, fn, what=f"group commit {sub.name}")
+    if decided.dead_key is not None and dead is not None:
+        dead.finish(engine, decided.dead_key)  # a crash before this leaves marks the next round's recover finishes
+    answers: list[Answer] = [None] * len(asks)
+    leases = decided.leases
+    payloads = fetch_messages(engine, sub.topic_uid, [l.message_id for l in leases]) if leases else {}
+    with_attempts = sub.dead_letter_policy is not None  # Pub/Sub fills delivery_attempt only then
+    for j, i in enumerate(lease_idx):
+        got: list[ReceivedMessage] = []
+        for k in decided.assign[j]:
+            lease = leases[k]
+            row = payloads.get(lease.message_id)
+            if row is None:  # payload files gone (retention): cannot deliver; the lease expires
+                log.error("message %s of %s has no payload in the messages table", lease.message_id, sub.name)
+                continue
+            msg = PubsubMessage(
+                data=row["data"] or b"",
+                attributes=dict(row["attributes"] or []),
+                message_id=lease.message_id,
+                publish_time=row["publish_time"],
+                ordering_key=row["ordering_key"] or "",
+            )
+            got.append(ReceivedMessage(ackid.encode(uid, lease.message_id, lease.delivery_attempt), msg,
+                                       lease.delivery_attempt if with_attempts else 0))
+        answers[i] = Granted(got, decided.now + lease_secs[j])
+    for a, i in zip(outcome_asks, out_idx):
+        if a.want_results and decided.applied is not None:
+            ok = decided.applied
+            answers[i] = [
+                IdResult(x.message_id, x.delivery_attempt,
+                         Result.SUCCESS if x.sub_uid == uid and result_of(
+                             Outcome(x.message_id, x.delivery_attempt, a.seconds), winners.get(x.message_id),
+                             ok.get(x.message_id, False)) else Result.INVALID_ACK_ID)
+                for x in a.ids
+            ]
+    return answers
+
+
+def _pairs(outcomes: Sequence[Outcome]) -> pa.Table:
+    return pa.table({
+        "message_id": pa.array([o.message_id for o in outcomes], pa.string()),
+        "delivery_attempt": pa.array([o.delivery_attempt for o in outcomes], pa.int32()),
+    })
+
+
+def _outcome_parts(
+    snap: Snapshot, uid: str, winners: dict[str, Outcome], want: bool, now: float, policy: DeliveryHooks
+) -> tuple[list[pa.Table], dict[str, bool] | None]:
+    """The round's outcome source rows (one per message) and, when `want`, which applied."""
+    applied: dict[str, bool] | None = {} if want else None
+    if not winners:
+        return [], applied
+    acks = [w for w in winners.values() if w.seconds is None]
+    nacks = [w for w in winners.values() if w.seconds is not None and w.seconds <= 0]
+    moves = [w for w in winners.values() if w.seconds is not None and w.seconds > 0]
+    current = read_current(snap, uid, list(winners)) if want else None
+    groups: list[tuple[OutcomeKind, list[Outcome], int | pa.Array | None]] = []
+    if acks:
+        groups.append((OutcomeKind.ACK, acks, None))
+    if nacks:
+        groups.append((OutcomeKind.NACK, nacks, nack_lease(policy, _pairs(nacks), now)))
+    if moves:
+        groups.append((OutcomeKind.DEADLINE, moves, pa.array([to_us(now + float(w.seconds or 0)) for w in moves], pa.int64())))
+    parts: dict[OutcomeKind, pa.Table] = {}
+    for kind, group, lease in groups:
+        if current is None:
+            parts[kind] = rows(uid, kind, _pairs(group), lease)
+        else:
+            d = decide(uid, kind, [(w.message_id, w.delivery_attempt) for w in group], current, lease)
+            assert applied is not None
+            for r in d.results:
+                applied[r.message_id] = r.result is Result.SUCCESS
+            parts[kind] = d.source
+    nacked = parts.get(OutcomeKind.NACK)
+    if nacked is not None and nacked.num_rows and policy.eligible is not None:  # ordering: the key's later leases end too
+        ended = cascade(uid, nacked.select(["message_id", "delivery_attempt"]), snap, now)
+        acked = parts.get(OutcomeKind.ACK)
+        if acked is not None and acked.num_rows and ended.num_rows:  # acked first, as if committed before the nack
+            ended = ended.filter(pc.invert(pc.is_in(ended["message_id"], acked["message_id"])))
+        moved = parts.get(OutcomeKind.DEADLINE)
+        if moved is not None and moved.num_rows and ended.num_rows:  # the extension applied, then the cascade ended it
+            parts[OutcomeKind.DEADLINE] = moved.filter(pc.invert(pc.is_in(moved["message_id"], ended["message_id"])))
+        parts[OutcomeKind.EXPIRY] = ended  # (key only: CASCADE rows)
+    return [p for p in parts.values() if p.num_rows], applied
+
+
+def _merge_cascades(parts: list[pa.Table]) -> list[pa.Table]:
+    """One CASCADE row per message: the nack cascade and a run-out lease's cascade may both
+    end the same follower (same delivery, same effect)."""
+    cascades = [p for p in parts if p.num_rows and p["op"][0].as_py() == Op.CASCADE.value]
+    if len(cascades) < 2:
+        return parts
+    rest = [p for p in parts if not (p.num_rows and p["op"][0].as_py() == Op.CASCADE.value)]
+    both = pa.concat_tables(cascades)
+    seen: set[str] = set()
+    keep = []
+    for m in both["message_id"].to_pylist():
+        keep.append(m not in seen)
+        seen.add(m)
+    return rest + [both.filter(pa.array(keep, pa.bool_()))]
+
+
+def _keys_of(leases: Sequence[Lease], available: pa.Table, fresh: pa.Table) -> list[str]:
+    """The ordering key of each lease (from the candidate rows it was chosen from)."""
+    keys: dict[str, str] = {}
+    for t in (available, fresh):
+        if t.num_rows and "ordering_key" in t.column_names:
+            keys.update(zip(t["message_id"].cast(pa.string()).to_pylist(), t["ordering_key"].cast(pa.string()).to_pylist()))
+    return [keys.get(l.message_id) or "" for l in leases]
+
+
+def _reexpire(part: pa.Table, ends: dict[str, int]) -> pa.Table:
+    """LEASE / INSERT rows with each leased message's own lease end (callers asked for different lengths)."""
+    if not part.num_rows or part["op"][0].as_py() not in (Op.LEASE.value, Op.INSERT.value):
+        return part
+    col = part.schema.get_field_index("lease_expires")
+    old = part["lease_expires"].cast(pa.int64()).to_pylist()
+    new = [None if v is None else ends.get(m, v) for m, v in zip(part["message_id"].to_pylist(), old)]
+    return part.set_column(col, part.schema.field(col), pa.array(new, pa.int64()).cast(part.schema.field(col).type))
+
+
+# -- the event-loop side ------------------------------------------------------------------
+
+Listener = Callable[[Sequence[ackid.AckId], Union[float, None]], None]
+
+
+class _Pending(NamedTuple):
+    ask: Ask
+    future: asyncio.Future[Answer]
+
+
+class GroupCommits:
+    """The server's group commit: one queue per subscription (see the module docstring).
+
+    `lookup(name)` returns the subscription's current record (NotFound when it is gone);
+    it runs on the round's worker thread, once per round. `executor`: where rounds run
+    (None: the loop's default executor). Call every method on the event loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        lookup: Callable[[str], SubscriptionRecord],
+        clock: Callable[[], float],
+        *,
+        executor: Executor | None = None,
+        max_leases: int = MAX_ROUND_LEASES,
+    ) -> None:
+        self._engine = engine
+        self._lookup = lookup
+        self._clock = clock
+        self._executor = executor
+        self._max_leases = max_leases
+        self._queues: dict[str, list[_Pending]] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._listeners: list[Listener] = []
+        self.rounds = 0  # rounds run (a test compares them with the calls)
+        self.calls = 0
+
+    def listen(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    async def lease(self, subscription: str, max_messages: int, lease_seconds: float) -> Granted:
+        answer = await self._submit(subscription, LeaseAsk(max_messages, lease_seconds))
+        assert isinstance(answer, Granted)
+        return answer
+
+    async def acknowledge(self, subscription: str, ids: Sequence[ackid.AckId], *, want_results: bool = False) -> list[IdResult] | None:
+        return await self._outcome(subscription, ids, None, want_results)
+
+    async def modify_deadline(
+        self, subscription: str, ids: Sequence[ackid.AckId], seconds: float, *, want_results: bool = False
+    ) -> list[IdResult] | None:
+        return await self._outcome(subscription, ids, max(0.0, float(seconds)), want_results)
+
+    async def _outcome(self, subscription: str, ids: Sequence[ackid.AckId], seconds: float | None, want: bool) -> list[IdResult] | None:
+        if not ids:
+            return [] if want else None
+        for fn in self._listeners:
+            fn(ids, seconds)
+        answer = await self._submit(subscription, OutcomeAsk(tuple(ids), seconds, want))
+        assert answer is None or isinstance(answer, list)
+        return answer
+
+    def _submit(self, subscription: str, ask: Ask) -> asyncio.Future[Answer]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Answer] = loop.create_future()
+        self._queues.setdefault(subscription, []).append(_Pending(ask, fut))
+        self.calls += 1
+        if subscription not in self._running:
+            self._running[subscription] = loop.create_task(self._drain(subscription))
+        return fut
+
+    async def _drain(self, subscription: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queues.get(subscription):
+                batch = self._queues.pop(subscription)
+                batch = [p for p in batch if not p.future.cancelled()] or []
+                if not batch:
+                    continue
+                self.rounds += 1
+                try:
+                    answers = await loop.run_in_executor(self._executor, self._round, subscription, [p.ask for p in batch])
+                except Exception as exc:  # every call of the round gets the round's error
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(exc)
+                    continue
+                for p, a in zip(batch, answers):
+                    if not p.future.done():
+                        p.future.set_result(a)
+        finally:
+            self._running.pop(subscription, None)
+            if self._queues.get(subscription):  # raced in after the loop test
+                self._running[subscription] = loop.create_task(self._drain(subscription))
+
+    def _round(self, subscription: str, asks: list[Ask]) -> list[Answer]:
+        sub = self._lookup(subscription)
+        return run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases)
