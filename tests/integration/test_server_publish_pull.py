@@ -84,6 +84,7 @@ def test_ordering_keys_arrive_in_order(serve_thread, gpub, gsub) -> None:
     assert seen == {"a": list(range(5)), "b": list(range(5))}
 
 
+@pytest.mark.filterwarnings('ignore:The "api" property:DeprecationWarning')  # the raw Publish call, on purpose
 def test_the_limits_errors_write_nothing(serve_thread, topic_sub, gpub, warehouse: str) -> None:
     before = table_versions(warehouse)
     too_many = {f"k{i}": "v" for i in range(101)}
