@@ -219,3 +219,14 @@ def test_a_request_with_an_unknown_field_is_refused_and_writes_nothing(serve_thr
             publish(raw, timeout=10)
     assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "messages[0].#100" in e.value.details()
     assert table_versions(warehouse) == before
+
+
+def test_delivery_attempt_is_filled_with_a_dead_letter_policy(serve_thread, gpub, gsub) -> None:
+    gpub.create_topic(name=T)
+    dlq = gpub.create_topic(name=f"projects/{PROJECT}/topics/events-dlq").name
+    gsub.create_subscription(request={"name": S, "topic": T, "dead_letter_policy": {"dead_letter_topic": dlq}})
+    gpub.publish(T, b"x").result(timeout=30)
+    first = pull_all(gsub, S, 1)
+    assert [r.delivery_attempt for r in first] == [1]
+    gsub.modify_ack_deadline(subscription=S, ack_ids=[first[0].ack_id], ack_deadline_seconds=0)
+    assert [r.delivery_attempt for r in pull_all(gsub, S, 1)] == [2]
