@@ -135,3 +135,25 @@ def test_a_request_whose_lease_outlives_its_deadline_is_not_given_up_before_the_
     assert work is not None
     clock.t += 0.5
     assert d.collect().lost == []
+
+
+def test_settled_within_is_the_last_give_up_time_of_what_is_held_each_by_its_own_lease():
+    # The push job's drain waits this long: a lease granted with a long allowance (a slow
+    # commit earlier) is waited for even when today's allowance is short.
+    clock, wall = Clock(), Clock()
+    d = PushLedger(clock=clock, wall=wall, grace=0.0)
+    assert d.settled_within() == 0.0
+    table = requests("a", range(2), timeout=10.0)
+    ends = dt.datetime.fromtimestamp(wall.t + 40.0, tz=dt.timezone.utc)
+    long_lease = table.set_column(table.schema.get_field_index("lease_expires"), "lease_expires",
+                                  pa.array([ends] * 2, REQUEST_SCHEMA.field("lease_expires").type))
+    d.submit("a", requests("a", [7], timeout=10.0))
+    assert d.settled_within() == 10.0
+    d.submit("b", long_lease.set_column(0, "sub_uid", pa.array(["b", "b"])))
+    assert d.settled_within() == 40.0
+    work = d.hand_out("w1", {}, per_sub=10, limit=10)
+    assert work is not None and work.num_rows == 3
+    clock.t += 5.0
+    assert d.settled_within() == 35.0  # handed out: the assignment keeps each lease's end
+    d.settle(results(work))
+    assert d.settled_within() == 0.0

@@ -282,10 +282,10 @@ class DeliveryJob:
             within, hurry = self._drain_limits
             # Nothing more is leased; what is leased is still pushed. A push's request times out
             # at its ack deadline and a request still waiting at the end of its lease is not
-            # sent, so after the longest deadline in flight (plus a grace for reporting) every
+            # sent, so once the ledger's last give-up time has passed (each push's own lease
+            # end, whatever allowance it was granted with, plus a grace for reporting) every
             # push has an outcome. `within` caps that wait; `hurry` ends it.
-            longest = self.book.longest_deadline_in_flight(self.registry.subscriptions().values())
-            lease = longest + self.commit_times.allowance(longest)  # leases run that much longer
+            lease = self._pool.ledger.settled_within()
             bound = lease + DRAIN_GRACE if within is None else min(within, lease + DRAIN_GRACE)
             if not self._pool.wait_settled(bound, cancel=hurry):
                 self._pool.stop_handing_out()

@@ -101,6 +101,17 @@ class PushLedger:
         with self._lock:
             return sum(self._queued_rows.values()) + sum(len(a.keys) for a in self._assigned.values())
 
+    def settled_within(self) -> float:
+        """Seconds from now until the last request held (queued or handed out) is settled or
+        given up on at the latest: each one's own give-up time, which covers its own lease
+        (``submit``), so a lease granted with a longer allowance than today's is waited for.
+        0 when nothing is held."""
+        now = self._clock()
+        with self._lock:
+            ends = [q.expires for queue in self._queues.values() for q in queue]
+            ends.extend(a.deadline for a in self._assigned.values())
+        return max(0.0, max(ends, default=now) - now)
+
     def queued(self) -> int:
         with self._lock:
             return sum(self._queued_rows.values())

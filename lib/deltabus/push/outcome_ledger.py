@@ -127,13 +127,6 @@ class OutcomeLedger:
                 last_status=r.get("last_status"), last_error=r.get("last_error"),
             )
 
-    def longest_deadline_in_flight(self, records: Iterable[SubscriptionRecord]) -> int:
-        """The longest ack deadline among `records` with pushes in flight (0 when none)."""
-        return max(
-            (r.ack_deadline_seconds for r in records if (st := self._states.get(r.sub_uid)) is not None and st.in_flight),
-            default=0,
-        )
-
     # -- outcomes ---------------------------------------------------------------------
     def fold(self, got: Collected | None) -> Folded:
         """Fold in what the workers reported (None: no workers yet); hold the acks and nacks."""

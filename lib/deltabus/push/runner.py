@@ -82,7 +82,7 @@ def run(
     """Run the push job until `stop` is set, it is idle (`until_idle`) or `max_seconds` passed.
 
     Stopping leases nothing more, waits for the pushes the workers hold (at most
-    `drain_seconds`, and no longer than the longest ack deadline in flight; not at all once
+    `drain_seconds`, and no longer than the last lease in flight ends; not at all once
     `hurry` is set), merges their outcomes and returns this run's summary.
 
     `engine`: the warehouse already opened by the caller (the quickstart shares one with its
