@@ -180,6 +180,7 @@ async def start(settings: ServeSettings, *, clock: Callable[[], float] = time.ti
     except BaseException:
         executor.shutdown(wait=False)
         raise
+    streaming.hub_for(state)  # made here, on the server's loop: its watcher thread and the group commit
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES), ("grpc.so_reuseport", 0)],
     )

@@ -25,7 +25,7 @@ from google.pubsub_v1 import types as pb
 from .. import names
 from ..errors import InvalidArgument
 from ..types import validate_labels
-from . import convert
+from . import convert, streaming
 from .calls import rpc, unimplemented
 from .state import ServerState
 
@@ -68,6 +68,7 @@ class PublisherService:
     async def Publish(self, request: pb.PublishRequest, context: Context) -> pb.PublishResponse:
         body = {"topic": request.topic, "messages": [convert.message_request(m) for m in request.messages]}
         ids = await self.state.run(self.state.publisher.publish_batch, request=body)
+        streaming.hub_for(self.state).published(request.topic)  # wake that topic's waiting streams now
         return pb.PublishResponse(message_ids=ids)
 
     @rpc

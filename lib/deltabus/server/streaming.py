@@ -70,6 +70,7 @@ class _Stream:
     subscription: str
     sub_uid: str
     topic_uid: str
+    topic: str  # the topic's name, for the server's own publishes
     ordering: bool
     lease_seconds: float
     flow: StreamFlow
@@ -128,9 +129,15 @@ class StreamHub:
             s.wake.set()
 
     # -- wake-ups ---------------------------------------------------------------------------
-    def published(self, topic_uid: str) -> None:
-        """The server committed messages to `topic_uid`: wake that topic's streams."""
-        self._wake(lambda s: s.topic_uid == topic_uid)
+    def published(self, topic: str) -> None:
+        """The server committed messages to the topic named `topic`: wake its streams."""
+        self._wake(lambda s: s.topic == topic)
+
+    def _open(self, name: str) -> tuple[SubscriptionRecord, str]:
+        """Blocking: the subscription's record and its topic's name ("" when the topic is gone)."""
+        rec = self._lookup(name)
+        topic = next((t.name for t in self._state.registry.topics().values() if t.topic_uid == rec.topic_uid), "")
+        return rec, topic
 
     def _wake(self, which: Any = None) -> None:
         for s in self._streams:
@@ -186,8 +193,15 @@ class StreamHub:
 _HUBS: dict[int, tuple[ServerState, StreamHub]] = {}
 
 
+def hub_of(state: ServerState) -> StreamHub | None:
+    """The server's StreamHub if it has one (never makes one: for tests and other threads)."""
+    got = _HUBS.get(id(state))
+    return got[1] if got is not None and got[0] is state else None
+
+
 def hub_for(state: ServerState) -> StreamHub:
-    """The server's StreamHub, made on first use on the server's loop."""
+    """The server's StreamHub, made on first use; call it on the server's loop only
+    (``app.start`` makes it there)."""
     got = _HUBS.get(id(state))
     if got is None or got[0] is not state:
         hub = StreamHub(state)
@@ -269,6 +283,16 @@ def _responses(received: Sequence[pb.ReceivedMessage], props: pb.StreamingPullRe
     return out
 
 
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str) -> None:
+    """End the call with `code`; a call the client already ended has nobody to tell."""
+    try:
+        await context.abort(code, message)
+    except grpc.aio.AbortError:
+        raise
+    except Exception:  # the call is gone (grpc raises ExecuteBatchError writing to it)
+        raise asyncio.CancelledError() from None
+
+
 async def handle_streaming_pull(
     state: ServerState, request_iterator: AsyncIterator[pb.StreamingPullRequest], context: grpc.aio.ServicerContext[Any, Any]
 ) -> AsyncIterator[pb.StreamingPullResponse]:
@@ -289,10 +313,10 @@ async def handle_streaming_pull(
             if getattr(first, field_name) < 0:
                 raise InvalidArgument(field_name, f"must be >= 0 (0: no limit), got {getattr(first, field_name)}")
         flow = StreamFlow(max_messages=first.max_outstanding_messages, max_bytes=first.max_outstanding_bytes)
-        rec = await state.run(hub._lookup, name)
+        rec, topic = await state.run(hub._open, name)
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
-        s = _Stream(name, rec.sub_uid, rec.topic_uid, rec.enable_message_ordering, float(lease_seconds), flow)
+        s = _Stream(name, rec.sub_uid, rec.topic_uid, topic, rec.enable_message_ordering, float(lease_seconds), flow)
         if first.ack_ids:  # outcomes may ride on the first request too
             _spawn(s, hub.acknowledge(name, decode_ids(list(first.ack_ids), "ack_ids")))
         for secs, group in _modacks(first).items():
@@ -304,7 +328,7 @@ async def handle_streaming_pull(
         reader = asyncio.get_running_loop().create_task(_read(hub, s, request_iterator))
         while True:
             if state.stopping.is_set():
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping; reconnect")
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, "the server is stopping; reconnect")
             if s.error is not None:
                 raise s.error
             if s.closed:
@@ -334,11 +358,11 @@ async def handle_streaming_pull(
                 pass
     except (asyncio.CancelledError, grpc.aio.AbortError):
         raise
-    except Exception as exc:
+    except Exception as exc:  # includes a request's InvalidArgument (raised by the reader)
         st = status_of(exc)
         if st.code is grpc.StatusCode.INTERNAL:
             log.error("StreamingPull failed: %s", type(exc).__name__, exc_info=exc)
-        await context.abort(st.code, st.message)
+        await _abort(context, st.code, st.message)
     finally:
         if reader is not None:
             reader.cancel()
