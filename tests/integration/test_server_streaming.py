@@ -431,3 +431,39 @@ def test_a_server_sigkilled_mid_stream_and_restarted_loses_nothing(warehouse: st
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
+
+
+def test_pull_and_streaming_pull_refuse_a_push_subscription(serve_thread, gpub, gsub) -> None:
+    from google.api_core import exceptions as gexc
+
+    gpub.create_topic(name=T)
+    gsub.create_subscription(request={"name": S, "topic": T, "push_config": {"push_endpoint": "http://127.0.0.1:9/push"}})
+    publish(gpub, 3)
+    with pytest.raises(gexc.FailedPrecondition, match="push subscription"):
+        gsub.pull(subscription=S, max_messages=5, return_immediately=True)
+
+    async def run() -> grpc.aio.AioRpcError | None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{serve_thread.port}") as ch:
+            st = await _open(ch)
+            return await st.ended(10)
+
+    err = asyncio.run(run())
+    assert err is not None and err.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_unary_pull_and_a_stream_share_a_subscription_without_doubles(serve_thread, topic_sub, gpub, gsub) -> None:
+    ids = publish(gpub, 200)
+    got = Collector(10_000)
+    future = gsub.subscribe(S, got, flow_control=pubsub_v1.types.FlowControl(max_messages=20))
+    pulled: list[str] = []
+    try:
+        give_up = time.monotonic() + 30
+        while len(got.acked) + len(pulled) < 200 and time.monotonic() < give_up:
+            r = gsub.pull(subscription=S, max_messages=10, return_immediately=True).received_messages
+            if r:
+                pulled += [m.message.message_id for m in r]
+                gsub.acknowledge(subscription=S, ack_ids=[m.ack_id for m in r])
+    finally:
+        stop(future)
+    assert set(pulled) | got.acked == set(ids)
+    assert len(pulled) + sum(got.count.values()) == 200

@@ -6,8 +6,9 @@ dicts from ``convert``), so validation, update-mask rules (``filter`` and
 ``enable_message_ordering`` fixed at creation; a masked field left unset clears a policy)
 and the dead-letter checks are the library's. All blocking work runs on the server's pool.
 
-Pull leases with the subscription's ack deadline through ``ServerState.lease`` (the
-delivery core's pull). Without ``return_immediately`` it waits for a message up to
+Pull leases with the subscription's ack deadline through the group commit
+(``group_commit.GroupCommits``: one MERGE per round with the streams' leases and every
+caller's acks). Without ``return_immediately`` it waits for a message up to
 PULL_WAIT seconds (less when the call's deadline is nearer): it re-reads after a commit to
 the messages or deliveries table (a stat of their logs every WAIT_STEP) or every
 IDLE_RECHECK (lease expiries make no commit), and answers an empty response at the end.
@@ -125,6 +126,17 @@ class SubscriberService:
         await streaming.hub_for(self.state).modify_deadline(name, ids, seconds)
         return empty_pb2.Empty()
 
+    async def _lease(self, subscription: str, n: int) -> list[LeasedMessage]:
+        """Lease up to n for the subscription's ack deadline through the group commit (a
+        push subscription: FailedPrecondition)."""
+        name = str(names.parse_subscription(subscription))
+        granted = await streaming.hub_for(self.state).commits.lease(name, n, None)
+        return [
+            LeasedMessage(m.ack_id, m.message.message_id, m.message.data, dict(m.message.attributes),
+                          m.message.publish_time, m.message.ordering_key, m.delivery_attempt, m.message.size)
+            for m in granted.messages
+        ]
+
     @rpc
     async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
         if request.max_messages <= 0:
@@ -136,7 +148,7 @@ class SubscriberService:
         give_up = loop.time() + wait
         while True:
             seen = self.state.versions()  # before the read: a commit after it ends the wait below
-            leased = await self.state.run(self.state.lease, request.subscription, n)
+            leased = await self._lease(request.subscription, n)
             if leased or request.return_immediately or loop.time() >= give_up or self.state.stopping.is_set():
                 break
             recheck = min(loop.time() + IDLE_RECHECK, give_up)
