@@ -467,3 +467,25 @@ def test_unary_pull_and_a_stream_share_a_subscription_without_doubles(serve_thre
         stop(future)
     assert set(pulled) | got.acked == set(ids)
     assert len(pulled) + sum(got.count.values()) == 200
+
+
+def test_another_writers_publish_wakes_the_streams_through_the_log_watcher(serve_thread, topic_sub, gsub, warehouse: str) -> None:
+    """A message published straight into the warehouse (not through the server) reaches an
+    open stream, and the server's one watcher thread is what noticed the commit."""
+    from deltabus import PublisherClient
+
+    got = Collector(1)
+    future = gsub.subscribe(S, got)
+    try:
+        give_up = time.monotonic() + 10
+        while hub(serve_thread).open_streams < 1 and time.monotonic() < give_up:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the stream found nothing and waits
+        wakeups = hub(serve_thread).wakeups
+        with PublisherClient(warehouse=warehouse) as other:
+            (mid,) = other.publish_batch(T, [{"data": b"from elsewhere", "attributes": {"i": "0"}}])
+        assert got.done.wait(10)
+        assert got.acked == {mid}
+        assert hub(serve_thread).wakeups > wakeups
+    finally:
+        stop(future)
