@@ -1,6 +1,6 @@
 """deltabus benchmarks, side by side with their raw baselines, in one run (not a test).
 
-    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale,engines] [--out STEM]
+    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale,engines,server] [--out STEM]
                    [--engine delta-rs|delta-spark] [--master URL]
 
 A full run writes the results of record, bench/results/<date>.json and .png (<date> in
@@ -28,6 +28,12 @@ is made under one scratch directory, removed at the end. Sections (1-5 are the d
    cluster started on this machine (``deltabus.spark.standalone``), all in one run, printed
    as a Markdown table. Its own results of record: bench/results/<date>-engines.json/.png
    (--quick: <date>-engines-quick, ignored by git).
+7. server (only when asked for: ``--only server``; bench/server.py): the same
+   google-cloud-pubsub workload against ``deltabus serve`` and Google's Pub/Sub emulator in
+   one run (publish, streaming pull + ack with 1 and 4 subscriber processes, publish ->
+   callback latency at 500 msg/s), with deltabus / emulator ratios, printed as a Markdown
+   table. Its own results of record: bench/results/<date>-server.json/.png (--quick:
+   <date>-server-quick, ignored by git).
 
 ``--engine`` is the engine of the push job (``jobs/deliver.py --engine``; ./spark-submit.sh
 adds the Delta jars for delta-spark) and of the pull section's pullers; publishers stay on
@@ -58,8 +64,9 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 SECTIONS = ("push", "publish", "pull", "latency", "scale")  # the default run, in the order they run
 # Sections only run when --only names them: "engines" starts a standalone cluster and runs
-# every engine on two masters, which does not fit the default run's 10 minutes.
-EXTRA_SECTIONS = ("engines",)
+# every engine on two masters, which does not fit the default run's 10 minutes; "server"
+# starts deltabus serve and Google's emulator (a JVM) and takes minutes of its own.
+EXTRA_SECTIONS = ("engines", "server")
 ALL_SECTIONS = SECTIONS + EXTRA_SECTIONS
 BenchEngine = Literal["delta-rs", "delta-spark"]  # the engines a push job or puller runs on
 ENGINES: tuple[BenchEngine, ...] = get_args(BenchEngine)
@@ -766,7 +773,8 @@ def figure(result: dict[str, Any]) -> Any:
     r = result["results"]
     panels = [name for name, present in (("push", "push" in r), ("publish/pull", "publish" in r or "pull" in r),
                                          ("latency", "latency" in r), ("scale", "scale" in r),
-                                         ("engines", "engines" in r)) if present]
+                                         ("engines", "engines" in r), ("server", "server" in r),
+                                         ("server latency", "server" in r)) if present]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 4.2), squeeze=False)
     axes = dict(zip(panels, axes[0]))
     if "push" in r:
@@ -831,6 +839,10 @@ def figure(result: dict[str, Any]) -> Any:
         ax.set_title("push by engine and master")
         ax.set_xlabel("engine, master")
         ax.set_ylabel("messages per second")
+    if "server" in r:
+        from bench import server
+
+        server.draw(axes["server"], axes["server latency"], r["server"])
     fig.tight_layout()
     return fig
 
@@ -860,6 +872,8 @@ def parse_sections(raw: str) -> tuple[str, ...]:
 
 
 ENGINES_ONLY = ("engines",)
+SERVER_ONLY = ("server",)
+RecordKind = Literal["full", "engines", "server"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -884,24 +898,26 @@ class Options:
         return self.engine != DEFAULT_ENGINE or self.master is not None
 
     @property
-    def record_kind(self) -> Literal["full", "engines"] | None:
+    def record_kind(self) -> RecordKind | None:
         """Which results of record this run produces: a full-size default run of every section
-        ("full"), a full-size run of the engines section alone ("engines"), else none."""
+        ("full"), a full-size run of the engines or the server section alone ("engines",
+        "server"), else none."""
         if self.quick or self.variant:
             return None
         if self.sections == SECTIONS:
             return "full"
-        return "engines" if self.sections == ENGINES_ONLY else None
+        return {ENGINES_ONLY: "engines", SERVER_ONLY: "server"}.get(self.sections)  # type: ignore[return-value]
 
     @property
     def of_record(self) -> bool:
-        """Only a full-size run of every section, or of the engines section alone, on the
+        """Only a full-size run of every section, or of the engines or server section alone, on the
         default engine and master produces results of record."""
         return self.record_kind is not None
 
 
 RECORD_NAME = re.compile(r"\d{4}-\d{2}-\d{2}")
 ENGINES_RECORD_NAME = re.compile(r"\d{4}-\d{2}-\d{2}-engines")
+SERVER_RECORD_NAME = re.compile(r"\d{4}-\d{2}-\d{2}-server")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -919,6 +935,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     if "engines" in args.only and (args.engine != DEFAULT_ENGINE or args.master is not None):
         p.error(f"--{'engine' if args.engine != DEFAULT_ENGINE else 'master'}: the engines section runs every engine "
                 "on the local master and on a standalone cluster; run it without --engine and --master")
+    if "server" in args.only and (args.engine != DEFAULT_ENGINE or args.master is not None):
+        p.error(f"--{'engine' if args.engine != DEFAULT_ENGINE else 'master'}: the server section measures deltabus serve "
+                "(delta-rs, no Spark) against the emulator; run it without --engine and --master")
     if args.master is not None and (not args.master.strip() or any(c.isspace() for c in args.master)):
         p.error(f"--master: must be a Spark master URL without spaces, got {args.master!r}")
     opts = Options(sections=args.only, quick=args.quick, out=args.out, engine=args.engine, master=args.master)
@@ -927,13 +946,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     return opts
 
 
-def _record_kind_of(stem: Path) -> Literal["full", "engines"] | None:
+def _record_kind_of(stem: Path) -> RecordKind | None:
     """Which results of record `stem` names, if any."""
     if stem.resolve().parent != RESULTS.resolve():
         return None
     if RECORD_NAME.fullmatch(stem.name):
         return "full"
-    return "engines" if ENGINES_RECORD_NAME.fullmatch(stem.name) else None
+    if ENGINES_RECORD_NAME.fullmatch(stem.name):
+        return "engines"
+    return "server" if SERVER_RECORD_NAME.fullmatch(stem.name) else None
 
 
 def _is_record_path(stem: Path) -> bool:
@@ -951,8 +972,8 @@ def result_stem(opts: Options, day: dt.date) -> Path:
     if opts.out is not None:
         return opts.out
     name = day.isoformat()
-    if opts.sections == ENGINES_ONLY:  # its own results of record; the quick one matches *-quick.*
-        return RESULTS / (name + "-engines" + ("-quick" if opts.quick else ""))
+    if opts.sections in (ENGINES_ONLY, SERVER_ONLY):  # their own results of record; the quick ones match *-quick.*
+        return RESULTS / (name + "-" + opts.sections[0] + ("-quick" if opts.quick else ""))
     if opts.quick:
         name += "-quick"
     if opts.sections != SECTIONS:
@@ -1012,13 +1033,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             r["engines"] = engines(push_n=2_000 if q else 10_000, warm_n=1_000 if q else 3_000, rates=ENGINE_LATENCY_RATE,
                                    seconds=5 if q else 20, warmup=5 if q else 10, pull_n=2_000 if q else 10_000,
                                    pull_seconds=20 if q else 45, scratch=scratch)
+        if "server" in sections:
+            from bench import server
+
+            r["server"] = server.run(server.QUICK if q else server.FULL, scratch)
     result["seconds"] = round(time.time() - started, 1)
     stem = result_stem(opts, now.date())
     write_results(result, stem)
     log(f"wrote {stem}.json and {stem}.png in {result['seconds']:.0f} s" + ("" if opts.of_record else " (not the results of record)"))
-    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in r.items()}, indent=2))
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("samples", "servers")} for k, v in r.items()}, indent=2))
     if "engines" in r:
         print(engines_table(r["engines"]))
+    if "server" in r:
+        from bench import server
+
+        print(server.table(r["server"]))
     return 0
 
 
