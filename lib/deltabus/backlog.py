@@ -66,7 +66,11 @@ def _from_file_stats(files: pa.Table) -> tuple[int, dt.datetime | None] | None:
 def compute(engine: Engine, sub: SubscriptionRecord, now: float) -> BacklogStats:
     """Every deliveries row is an unacked message. The count and the oldest publish time
     come from the log's file statistics; only rows ever delivered (a few files at the head
-    of the backlog) are read, for their leases. A 1M backlog no longer means reading 1M rows."""
+    of the backlog) are read, for their leases. A 1M backlog no longer means reading 1M rows.
+    A detached subscription has no backlog: its figures are zero, whatever rows a crash
+    during the detach may have left (``delivery.detach``)."""
+    if sub.detached:
+        return BacklogStats(sub.name, sub.topic, 0, 0, 0.0, 0, updated_at=utc(now))
     snap = engine.snapshot(DELIVERIES.name)
     columns = ["publish_time", "delivery_attempt", "lease_expires"]
     summary = _from_file_stats(snap.file_stats(partition=sub.sub_uid))

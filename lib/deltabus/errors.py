@@ -47,6 +47,15 @@ class FailedPrecondition(DeltabusError):
     """The request is well formed but the system is not in a state to run it."""
 
 
+class SubscriptionDetached(FailedPrecondition):
+    """The subscription was detached from its topic (DetachSubscription): it still exists,
+    but takes no pull, ack or deadline change and gets no messages. Nothing was written."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"{name} is detached from its topic: it delivers nothing and takes no acks")
+
+
 class Aborted(DeltabusError):
     """A commit kept conflicting with concurrent writers and was given up.
 

@@ -185,7 +185,10 @@ class Registry:
         """Write new settings for a live subscription (same sub_uid: its messages stay)."""
         rec = replace(rec, update_time=utc(self._clock()))
         source = pa.Table.from_pylist([_sub_row(rec)], schema=SUBSCRIPTIONS.schema)
-        settable = {c: f"s.{c}" for c in SUBSCRIPTIONS.schema.names if c not in ("name", "sub_uid", "create_time", "start_version")}
+        # detached is only ever set by detach_subscription: an update made from a record read
+        # before a detach must not attach the subscription again.
+        fixed = ("name", "sub_uid", "create_time", "start_version", "detached")
+        settable = {c: f"s.{c}" for c in SUBSCRIPTIONS.schema.names if c not in fixed}
 
         def fn(snap: Any) -> None:
             m = snap.merge(source, "t.name = s.name AND t.sub_uid = s.sub_uid", [MatchedUpdate(settable)])
@@ -193,6 +196,29 @@ class Registry:
                 raise NotFound("subscription", rec.name)
 
         self._engine.transact(SUBSCRIPTIONS.name, fn, what=f"update subscription {rec.name}")
+        return rec
+
+    def detach_subscription(self, name: str) -> SubscriptionRecord:
+        """Mark a live subscription detached (one commit on the subscriptions table) and
+        return its record as detached. Detaching one already detached commits nothing.
+        Raises NotFound when it is gone. Dropping its backlog is the caller's next step
+        (``delivery.detach.drop_backlog``), done after this commit so that a crash between
+        the two never leaves an attached subscription whose fan-out has stopped."""
+        rec = self.subscription(name)
+        if rec.detached:
+            return rec
+        rec = replace(rec, detached=True, update_time=utc(self._clock()))
+        source = pa.Table.from_pylist([_sub_row(rec)], schema=SUBSCRIPTIONS.schema).select(["name", "sub_uid", "detached", "update_time"])
+
+        def fn(snap: Any) -> None:
+            m = snap.merge(
+                source, "t.name = s.name AND t.sub_uid = s.sub_uid",
+                [MatchedUpdate({"detached": "s.detached", "update_time": "s.update_time"})],
+            )
+            if not m.get("num_target_rows_updated"):
+                raise NotFound("subscription", name)
+
+        self._engine.transact(SUBSCRIPTIONS.name, fn, what=f"detach subscription {name}")
         return rec
 
     def delete_subscription(self, name: str) -> SubscriptionRecord:

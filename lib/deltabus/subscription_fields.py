@@ -343,6 +343,11 @@ COLUMNS: tuple[SubscriptionField, ...] = (
         "filter", pa.string(), since=2, default=str, validate=_filter,
         cli=CliFlag("--filter", "EXPRESSION", create_help="Pub/Sub filter over attributes (at most 256 bytes; fixed at creation)"),
     ),
+    # Version 3 (issue 14, DetachSubscription): set by detaching only (Registry.detach_subscription),
+    # never by create or update; it is never cleared. A detached subscription keeps its
+    # settings, gets no messages and takes no pull, ack or deadline change (delivery.hooks).
+    # A null (a row older than the column) reads as False.
+    SubscriptionField("detached", pa.bool_(), since=3, settable=False, default=lambda: False, from_row=bool),
 )
 
 BY_NAME: dict[str, SubscriptionField] = {c.name: c for c in COLUMNS}

@@ -29,6 +29,7 @@ __all__ = [
     "ListTopicsResponse",
     "ListSubscriptionsResponse",
     "ListTopicSubscriptionsResponse",
+    "DetachSubscriptionResponse",
 ]
 
 MIN_ACK_DEADLINE = 10
@@ -347,6 +348,8 @@ class Subscription:
     due again at once), ``dead_letter_policy`` (None: never dead-lettered), ``filter`` ("":
     every message) and ``enable_message_ordering``. The first two may change through
     ``update_subscription``; the filter and ordering are fixed at creation, as in Pub/Sub.
+    ``detached`` (issue 14) is True once ``PublisherClient.detach_subscription`` ran: the
+    subscription stays, with no backlog, and refuses pull, acks and deadline changes.
     ``subscription_fields.COLUMNS`` declares every field's rules; a test checks this class
     against it."""
 
@@ -359,6 +362,7 @@ class Subscription:
     retry_policy: RetryPolicy | None = None
     dead_letter_policy: DeadLetterPolicy | None = None
     filter: str = ""
+    detached: bool = False  # set only by detach_subscription (output only, as in Pub/Sub)
 
     @classmethod
     def coerce(cls, value: "Subscription | Mapping[str, Any]") -> "Subscription":
@@ -464,6 +468,11 @@ class ListSubscriptionsResponse:
 
     subscriptions: list[Subscription] = field(default_factory=list)
     next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DetachSubscriptionResponse:
+    """What ``detach_subscription`` returns: nothing, as Pub/Sub's empty response."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,8 @@ def test_request_dicts_give_the_same_answers_as_keywords(pub, sub, warehouse):
     call(sub, "update_subscription", subscription={"name": s, "labels": {"a": "b"}}, update_mask=["labels"])
     call(sub, "modify_push_config", subscription=s, push_config={})
     assert sub.get_subscription(subscription=s).labels == {"a": "b"}
+    call(pub, "detach_subscription", subscription=s)
+    assert sub.get_subscription(subscription=s).detached
     call(sub, "delete_subscription", subscription=s)
     call(pub, "delete_topic", topic=topic)
     # publish_dataframe's request= needs Spark: test_publish_dataframe_takes_a_request below.

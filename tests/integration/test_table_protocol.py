@@ -32,7 +32,8 @@ from tests.integration.test_engine_contract import (  # noqa: F401 - delta_spark
 # legacy protocol versions, no table features. Writer 4 on messages is change data feed's.
 PINNED = {
     "topics": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),
-    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "2"}),  # 2: retry_policy, dead_letter_policy, filter (issue 13)
+    # 2: retry_policy, dead_letter_policy, filter (issue 13); 3: detached (issue 14)
+    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),
     "messages": (1, 4, None, None, {"delta.enableChangeDataFeed": "true", "deltabus.schemaVersion": "1"}),
     "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "2"}),  # 2: dead_letter_key (issue 13)
     "backlog": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: dead_lettered, dead_letter_blocked (issue 13)

@@ -59,13 +59,21 @@ def test_create_values_of_every_supported_field() -> None:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("enable_exactly_once_delivery", True), ("retain_acked_messages", True), ("detached", True),
+    [("enable_exactly_once_delivery", True), ("retain_acked_messages", True),
      ("message_retention_duration", dt.timedelta(days=1))],
 )
 def test_an_unsupported_subscription_field_is_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(InvalidArgument) as e:
         convert.subscription_values(pb.Subscription(name=S, topic=T, **{field: value}))
     assert e.value.field == f"subscription.{field}" and "not supported" in e.value.rule
+
+
+def test_a_subscription_is_not_created_detached() -> None:
+    with pytest.raises(InvalidArgument) as e:
+        convert.subscription_values(pb.Subscription(name=S, topic=T, detached=True))
+    assert e.value.field == "subscription.detached" and "DetachSubscription" in e.value.rule
+    assert convert.subscription_to_proto(Subscription(name=S, topic=T, detached=True)).detached
+    assert not convert.subscription_to_proto(Subscription(name=S, topic=T)).detached
 
 
 def test_update_values_follow_the_mask() -> None:

@@ -13,4 +13,6 @@ Modules, one concern each (decisions are pure functions over Arrow tables; only
 - ``merge``: the OPS MERGE clauses and the one commit.
 - ``operations``: pull, acknowledge, modify_deadline for the clients.
 - ``payloads``: reading the leased messages' payloads.
+- ``detach``: a detached subscription's backlog dropped and its cursor moved past every
+  version, in one commit of its own (not an OPS MERGE: it deletes the whole partition).
 """

@@ -6,6 +6,11 @@ deliveries partition. It is a Delta application transaction on the deliveries ta
 so cursor and rows move together. A subscription with no cursor yet starts after its
 ``start_version`` (the subscription point). Messages read here carry ``message_version``:
 the change feed's ``_commit_version`` is renamed at this read boundary and nowhere else.
+
+A detached subscription's cursor is ``DETACHED_CURSOR``, beyond any messages version, set
+in the commit that drops its backlog (``delivery.detach``): from then on every fan-out,
+even one that read the registry before the detach, finds nothing after it, and retention
+keeps no history for it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ IDLE_CURSOR_LAG = 50
 # The columns of a fanned-out message that a deliveries row keeps, in this order.
 FANOUT_COLUMNS = ("message_id", "publish_time", "ordering_key", "size_bytes", "message_version")
 _FEED_COLUMNS = ["message_id", "publish_time", "ordering_key", "size_bytes"]
+
+
+# The cursor of a detached subscription: past every messages-table version there will be.
+DETACHED_CURSOR = 2**62
 
 
 def cursor_app_id(sub_uid: str) -> str:

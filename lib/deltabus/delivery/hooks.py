@@ -5,6 +5,13 @@ passed in). ``None`` means the default, and the core then skips the work entirel
 the default path costs nothing. ``hooks_for(sub)`` is the one place that picks a
 subscription's hooks: issue 13 (filters, retry policy, ordering keys, dead letters)
 fills them in there, and pull, ``subscribe()`` and the push job all follow at once.
+
+A detached subscription (issue 14, ``delivery.detach``) has no delivery at all:
+``require_attached`` raises ``SubscriptionDetached`` (a FailedPrecondition), and
+``hooks_for`` asks it first, before anything is read or written. Every delivery path goes
+through one of the two before it reads (pull and modify_deadline and the server's group
+commit rounds through ``hooks_for``; acknowledge, which needs no hooks, directly), so they
+all refuse it from here; the push job and the backlog leave detached subscriptions out first.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import SubscriptionDetached
 from ..policy.filter_eval import compiled_filter
 from ..policy.ordering import KeyState, eligible as ordering_eligible
 from ..registry import SubscriptionRecord
@@ -62,9 +70,17 @@ class DeliveryHooks:
 DEFAULT_HOOKS = DeliveryHooks()
 
 
+def require_attached(sub: SubscriptionRecord) -> None:
+    """Raise SubscriptionDetached when `sub` was detached from its topic."""
+    if sub.detached:
+        raise SubscriptionDetached(sub.name)
+
+
 def hooks_for(sub: SubscriptionRecord) -> DeliveryHooks:
     """The hooks of one subscription: each policy it carries sets its own; the rest keep
-    the defaults (a subscription with no policy gets ``DEFAULT_HOOKS`` itself)."""
+    the defaults (a subscription with no policy gets ``DEFAULT_HOOKS`` itself).
+    Raises SubscriptionDetached for a detached subscription (see the module docstring)."""
+    require_attached(sub)
     retry = sub.retry_policy
     hooks = DeliveryHooks(
         keep=compiled_filter(sub.filter) if sub.filter else None,

@@ -21,7 +21,7 @@ from ..timestamps import to_us
 from . import dead_letter
 from .cursor import IDLE_CURSOR_LAG, cursor_app_id
 from .fanout import from_change_feed
-from .hooks import DeliveryHooks, hooks_for
+from .hooks import DeliveryHooks, hooks_for, require_attached
 from .merge import commit
 from .model import IdResult, Lease, OutcomeKind
 from .outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
@@ -77,7 +77,9 @@ def _outcome_kind(seconds: float) -> OutcomeKind:
 def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]]) -> int:
     """Ack (message_id, delivery_attempt) pairs; return how many messages this acked.
 
-    Unknown, already-acked or superseded deliveries are ignored. Reads nothing first."""
+    Unknown, already-acked or superseded deliveries are ignored. Reads nothing first.
+    SubscriptionDetached for a detached subscription."""
+    require_attached(sub)
     if not items:
         return 0
     source = rows(sub.sub_uid, OutcomeKind.ACK, latest_per_message(items))
@@ -105,11 +107,11 @@ def modify_deadline(
     extension never applies to a nacked row, so one racing a nack cannot hold the message
     back. An extension that arrives just after its lease ran out still applies while
     nobody else has been given the message (the delivery attempt still matches)."""
+    policy = hooks if hooks is not None else hooks_for(sub)  # refuses a detached subscription
     if not items:
         return 0
     keyed = latest_per_message(items)
     kind = _outcome_kind(seconds)
-    policy = hooks if hooks is not None else hooks_for(sub)
 
     def fn(snap: Snapshot) -> int:
         source = rows(sub.sub_uid, kind, keyed, _new_lease(kind, keyed, seconds, clock, policy))

@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from .. import names, pagination
+from ..delivery import detach
 from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, required
@@ -15,6 +16,7 @@ from ..pagers import ListTopicsPager, ListTopicSubscriptionsPager
 from .rows import OutgoingMessage, append, build_rows, from_arrow
 from ..types import (
     BatchSettings,
+    DetachSubscriptionResponse,
     ListTopicsResponse,
     ListTopicSubscriptionsResponse,
     PublisherOptions,
@@ -124,7 +126,8 @@ class PublisherClient(ClientBase):
         page_size: int | None = None,
         page_token: str | None = None,
     ) -> ListTopicSubscriptionsPager:
-        """Names of the topic's subscriptions, in pages."""
+        """Names of the topic's attached subscriptions, in pages (a detached one is left out,
+        as Pub/Sub lists only the subscriptions attached to the topic)."""
         f = fields("list_topic_subscriptions", request, {"topic", "page_size", "page_token"}, topic=topic, page_size=page_size, page_token=page_token)
         name = str(names.parse_topic(required(f, "topic", "list_topic_subscriptions")))
         size = pagination.page_size(f.get("page_size"))
@@ -133,7 +136,9 @@ class PublisherClient(ClientBase):
             self._refuse_if_closed("list_topic_subscriptions")
             after = pagination.decode_token(token, "topic_subscriptions", name)
             rec = self._registry.topic(name)
-            subs = sorted(s.name for s in self._registry.subscriptions().values() if s.topic_uid == rec.topic_uid)
+            subs = sorted(
+                s.name for s in self._registry.subscriptions().values() if s.topic_uid == rec.topic_uid and not s.detached
+            )
             page, last = pagination.take_page(subs, after, size)
             nxt = pagination.encode_token("topic_subscriptions", name, last) if last else ""
             return ListTopicSubscriptionsResponse(subscriptions=page, next_page_token=nxt)
@@ -145,6 +150,22 @@ class PublisherClient(ClientBase):
         f = fields("delete_topic", request, {"topic"}, topic=topic)
         name = str(names.parse_topic(required(f, "topic", "delete_topic")))
         self._registry.delete_topic(name)
+
+    @refused_when_closed
+    def detach_subscription(
+        self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None
+    ) -> DetachSubscriptionResponse:
+        """Detach a subscription from its topic, as Pub/Sub's DetachSubscription: it keeps
+        existing with ``detached=True``, its messages are dropped, nothing more is fanned out
+        to it, and pull, acks, deadline changes and pushes on it stop (FailedPrecondition).
+        Two commits: the registry's mark, then the backlog dropped in one deliveries commit
+        (``delivery.detach``). Detaching again is allowed and finishes a detach a crash cut
+        short. NotFound when the subscription does not exist."""
+        f = fields("detach_subscription", request, {"subscription"}, subscription=subscription)
+        name = str(names.parse_subscription(required(f, "subscription", "detach_subscription")))
+        rec = self._registry.detach_subscription(name)
+        detach.drop_backlog(self._engine, rec)
+        return DetachSubscriptionResponse()
 
     # -- publishing --------------------------------------------------------
     def _commit(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[str]:

@@ -193,8 +193,8 @@ class DeliveryJob:
             return self._finish(report, started)
         rows = batch_rows(batch, self.engine)
         records = self.registry.subscriptions()
-        # Outcomes of subscriptions deleted meanwhile have nothing left to merge into.
-        merging = self.book.take_held(s.sub_uid for s in records.values())
+        # Outcomes of subscriptions deleted or detached meanwhile have nothing left to merge into.
+        merging = self.book.take_held(s.sub_uid for s in records.values() if not s.detached)
         subs = self.push_subscriptions(records)
         report.push_subscriptions = len(subs)
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0

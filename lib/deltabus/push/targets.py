@@ -1,4 +1,6 @@
-"""Which subscriptions the push job pushes to: push subscriptions whose endpoint it may use.
+"""Which subscriptions the push job pushes to: push subscriptions whose endpoint it may use,
+and that are not detached (a detached subscription is never pushed to: Pub/Sub's
+DetachSubscription stops its pushes).
 
 An endpoint must be https, or http when ``allow_http`` is on (tests, local endpoints). A
 push subscription whose endpoint is refused is skipped (its messages wait) and logged once
@@ -31,7 +33,7 @@ class PushTargets:
         """The push subscriptions among `records` (by name) the job may push to, by uid."""
         out = {}
         for rec in records.values():
-            if not rec.push_config.is_push:
+            if not rec.push_config.is_push or rec.detached:
                 continue
             if not endpoint_allowed(rec, self.allow_http):
                 if rec.name not in self._warned:

@@ -130,6 +130,8 @@ def subscription_values(sub: pb.Subscription, paths: Iterable[str] | None = None
     named in `paths` (update; an unset one there clears it, as Pub/Sub's update_mask)."""
     given = set(set_fields(sub))
     if paths is None:
+        if "detached" in given:
+            raise InvalidArgument(f"{where}.detached", "is set by DetachSubscription only (leave it unset)")
         refuse_unsupported(sub, SUBSCRIPTION_FIELDS, SUBSCRIPTION_OUTPUT_ONLY, where)
         wanted = given & SUBSCRIPTION_FIELDS  # output-only fields are not part of a request
     else:
@@ -167,6 +169,7 @@ def subscription_to_proto(sub: Subscription) -> pb.Subscription:
         labels=dict(sub.labels),
         enable_message_ordering=sub.enable_message_ordering,
         filter=sub.filter,
+        detached=sub.detached,
         state=pb.Subscription.State.ACTIVE,
     )
     if sub.retry_policy is not None:

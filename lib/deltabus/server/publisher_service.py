@@ -10,8 +10,11 @@ aborts the call with its Pub/Sub status (``status``) and writes nothing.
 - UpdateTopic: ``labels`` is the only updatable field (the only one deltabus keeps).
 - ListTopicSnapshots: always empty (snapshots come with issue 15), NOT_FOUND for a topic
   that does not exist.
-- DetachSubscription: UNIMPLEMENTED. Detaching keeps the subscription but ends its
-  delivery; the registry has no "detached" state yet (a new subscription column).
+- DetachSubscription: the PublisherClient's ``detach_subscription`` (``delivery.detach``):
+  the subscription stays, shown with ``detached`` true, its backlog is dropped in one
+  commit, and Pull, StreamingPull, Acknowledge and ModifyAckDeadline on it answer
+  FAILED_PRECONDITION (an open stream ends so at its next round); NOT_FOUND when it does
+  not exist.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .. import names
 from ..errors import InvalidArgument
 from ..types import validate_labels
 from . import convert, streaming
-from .calls import rpc, unimplemented
+from .calls import rpc
 from .state import ServerState
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -110,8 +113,7 @@ class PublisherService:
         await self.state.run(self.state.publisher.delete_topic, request={"topic": request.topic})
         return empty_pb2.Empty()
 
-    DetachSubscription = unimplemented(
-        "DetachSubscription",
-        "not supported by deltabus serve yet: the registry has no detached state for a subscription "
-        "(delete the subscription to stop its delivery)",
-    )
+    @rpc
+    async def DetachSubscription(self, request: pb.DetachSubscriptionRequest, context: Context) -> pb.DetachSubscriptionResponse:
+        await self.state.run(self.state.publisher.detach_subscription, request={"subscription": request.subscription})
+        return pb.DetachSubscriptionResponse()

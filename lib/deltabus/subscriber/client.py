@@ -17,7 +17,7 @@ from ..delivery.payloads import fetch_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, required
-from ..errors import ClientClosed, FailedPrecondition, InvalidArgument
+from ..errors import ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached
 from ..pagers import ListSubscriptionsPager
 from ..registry import SubscriptionRecord
 from ..validation import endpoint_scheme
@@ -384,6 +384,8 @@ class SubscriberClient(ClientBase):
         if not isinstance(flow_control, FlowControl):
             flow_control = FlowControl(*flow_control)
         rec = self._sub(name)
+        if rec.detached:
+            raise SubscriptionDetached(name)
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{name} is a push subscription; subscribe needs an empty push endpoint")
         manager = StreamingPullManager(
