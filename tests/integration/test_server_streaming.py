@@ -489,3 +489,33 @@ def test_another_writers_publish_wakes_the_streams_through_the_log_watcher(serve
         assert hub(serve_thread).wakeups > wakeups
     finally:
         stop(future)
+
+
+def test_acks_sent_on_a_stream_apply_even_when_it_is_cancelled_right_after(serve_thread, topic_sub, gpub, warehouse: str) -> None:
+    from deltabus.storage import open_engine
+
+    publish(gpub, 30)
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{serve_thread.port}") as ch:
+            st = await _open(ch)
+            got = await st.read_n(30, 10)
+            assert len(got) == 30
+            acked.extend(m.message.message_id for m in got)
+            # new messages set the stream leasing again, so the acks queue behind that round ...
+            await asyncio.get_running_loop().run_in_executor(None, publish, gpub, 30)
+            await st.write(ack_ids=[m.ack_id for m in got])
+            await asyncio.sleep(0.005)
+            st.cancel()  # ... and the client goes at once: the stream ends
+
+    acked: list[str] = []
+    asyncio.run(run())
+    engine = open_engine(warehouse, engine="delta-rs")
+
+    def left() -> set[str]:
+        return set(engine.snapshot("deliveries").read(["message_id"])["message_id"].to_pylist()) & set(acked)
+
+    give_up = time.monotonic() + 10
+    while left() and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert left() == set()  # every ack sent on the stream committed

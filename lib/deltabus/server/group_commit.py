@@ -63,7 +63,7 @@ from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages
 from ..delivery.selection import read_candidates, select
-from ..errors import FailedPrecondition
+from ..errors import Cancelled, FailedPrecondition
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
@@ -377,7 +377,12 @@ class GroupCommits:
                     continue
                 self.rounds += 1
                 try:
-                    answers = await loop.run_in_executor(self._executor, self._round, subscription, [p.ask for p in batch])
+                    try:
+                        answers = await loop.run_in_executor(self._executor, self._round, subscription, [p.ask for p in batch])
+                    except RuntimeError as exc:  # the pool was shut down: the server is stopping (UNAVAILABLE: retry)
+                        if "shutdown" not in str(exc):
+                            raise
+                        raise Cancelled("the server is stopping; retry") from exc
                 except Exception as exc:  # every call of the round gets the round's error
                     for p in batch:
                         if not p.future.done():

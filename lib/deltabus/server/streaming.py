@@ -77,7 +77,7 @@ class _Stream:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     error: BaseException | None = None
     closed: bool = False  # the client half-closed its side
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # its outcome calls in flight (held until done)
 
 
 class StreamHub:
@@ -174,8 +174,8 @@ class StreamHub:
         for a in s.flow.ack_ids():
             if self._owner.get(a) is s:
                 del self._owner[a]
-        for t in s.tasks:
-            t.cancel()
+        # Its outcome calls (acks sent on the stream just before it ended) run to their
+        # commit: cancelling one still queued would drop the ack and redeliver the message.
 
     def own(self, s: _Stream, ack_id: str) -> None:
         self._owner[ack_id] = s
