@@ -7,6 +7,9 @@ number google.pubsub.v1 does not declare is refused (INVALID_ARGUMENT naming its
 any other) aborts the call with its status; an unexpected one is logged with the method and the
 exception type only (never a payload or a request). ``unimplemented`` builds a method that
 answers UNIMPLEMENTED with a reason.
+
+A test may set ``ServerState.fault``: ``rpc`` then asks it before the method runs and after
+it ran, and fails the call with the status code it returns ("injected fault" in the message).
 """
 
 from __future__ import annotations
@@ -14,17 +17,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 
 from .convert import refuse_unknown_fields
+from .state import FaultHook, FaultStage, ServerState
 from .status import status_of
 
 log = logging.getLogger(__name__)
 
-S = TypeVar("S")
+
+class Service(Protocol):
+    state: ServerState
+
+
+S = TypeVar("S", bound=Service)
 Handler = Callable[[S, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
@@ -33,7 +42,13 @@ def rpc(fn: Handler[S]) -> Handler[S]:
     async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             refuse_unknown_fields(request)
-            return await fn(self, request, context)
+            fault = self.state.fault
+            if fault is not None:
+                await _inject(fault, fn.__name__, "before", context)
+            response = await fn(self, request, context)
+            if fault is not None:
+                await _inject(fault, fn.__name__, "after", context)
+            return response
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:
@@ -43,6 +58,12 @@ def rpc(fn: Handler[S]) -> Handler[S]:
             await context.abort(status.code, status.message)
 
     return wrapper
+
+
+async def _inject(fault: FaultHook, method: str, stage: FaultStage, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    code = fault(method, stage)
+    if code is not None:
+        await context.abort(code, f"{method}: injected fault ({stage})")
 
 
 def unimplemented(method: str, reason: str) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:

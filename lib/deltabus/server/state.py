@@ -17,6 +17,12 @@ Contract (the services and ``streaming.handle_streaming_pull`` rely on it):
   lease expiries make no commit).
 - ``stopping``: an asyncio.Event set when the server begins to stop; open streams end
   with UNAVAILABLE so clients reconnect elsewhere or later.
+- ``fault``: for tests only (None in every server ``deltabus serve`` starts; nothing reads
+  the environment for it). A ``FaultHook`` the unary methods' wrapper (``calls.rpc``)
+  calls with the method's name and the stage: ``"before"`` the method runs (nothing is
+  written yet) and ``"after"`` it ran (its commit is made, its response not yet sent). A
+  status code returned fails the call with it, so a test can show what the clients'
+  retries do when a call fails at either point.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, TypeVar
+from typing import Any, Callable, Literal, NamedTuple, TypeVar
+
+import grpc
 
 from .. import ackid, names, watch
 from ..delivery import operations
@@ -45,6 +53,10 @@ T = TypeVar("T")
 RESPONSE_LIMIT = 4 * 1024 * 1024 - 64 * 1024
 MESSAGE_OVERHEAD = 64  # bytes per message for tags, lengths, the publish time and the attempt
 log = logging.getLogger(__name__)
+
+FaultStage = Literal["before", "after"]
+# (method name, stage) -> a status code to fail the call with, or None to let it be.
+FaultHook = Callable[[str, FaultStage], "grpc.StatusCode | None"]
 
 
 class LeasedMessage(NamedTuple):
@@ -72,6 +84,7 @@ class ServerState:
     watcher: watch.LogWatcher
     clock: Callable[[], float] = time.time
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    fault: FaultHook | None = None  # tests only (see the module docstring)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
