@@ -25,7 +25,12 @@ Contract.
   the streams of that topic); (2) ONE watcher thread per server, following the messages
   table's log through the process's ``watch.LogWatcher`` (other writers' publishes; a
   stat of the log every 20 ms); (3) a nack through the hub (the streams of that
-  subscription, after the nack's round); (4) its own acks freeing flow room. Lease
+  subscription, after the nack's round); (4) its own acks freeing flow room, and with
+  message ordering the ack's commit too (until then the acked messages hold their keys,
+  so a lease asked at once finds nothing of them). Measured through subscribe() with 3
+  keys and FlowControl 20: 28 msg/s before this wake-up, 35 after; the rest is the core's
+  rule that a key with a message outstanding is not leased, with the client acking its
+  ordered messages one callback at a time (rounds of 1-3 acks). Lease
   expiries and other processes' nacks make no message commit, so a waiting stream also
   re-asks every ``IDLE_RECHECK`` seconds; the group commit folds those asks of one
   subscription into one round.
@@ -106,6 +111,8 @@ class StreamHub:
         for a in ids:
             self._settle(ackid.encode(*a))
         await self.commits.acknowledge(subscription, ids)
+        if ids:  # ordering keys: the acked messages held their keys until this commit
+            self._wake(lambda s: s.ordering and s.sub_uid == ids[0].sub_uid)
 
     async def modify_deadline(self, subscription: str, ids: Sequence[ackid.AckId], seconds: float) -> None:
         """Change deadlines (0: nack) through the group commit; a nack wakes the
