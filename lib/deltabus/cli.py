@@ -145,7 +145,7 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def _subscription_dict(s: Any) -> dict[str, Any]:
     """What `subscriptions get/list` show: name, topic, every field with a flag, the retry and
-    dead-letter policies (null: none), the push config."""
+    dead-letter policies (null: none), the push config, and whether it is detached."""
     from . import subscription_fields
 
     pc = s.push_config
@@ -164,6 +164,7 @@ def _subscription_dict(s: Any) -> dict[str, Any]:
         "oidc_audience": pc.oidc_token.audience if pc.oidc_token else "",
         "no_wrapper": pc.no_wrapper is not None,
         "write_metadata": bool(pc.no_wrapper and pc.no_wrapper.write_metadata),
+        "detached": s.detached,
     }
 
 
@@ -282,6 +283,9 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
     elif args.action == "delete":
         _subscriber(args).delete_subscription(subscription=_sub(args, args.name))
         print(f"deleted subscription {_sub(args, args.name)}", file=out)
+    elif args.action == "detach":
+        _publisher(args).detach_subscription(subscription=_sub(args, args.name))
+        print(f"detached subscription {_sub(args, args.name)} from its topic (its messages are dropped)", file=out)
 
 
 def _argument_messages(args: argparse.Namespace, attrs: dict[str, str]) -> list[tuple[int, bytes]]:
@@ -531,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
             else:
                 q.add_argument(flag.flag, metavar=flag.metavar, help=text)
 
-    s = command(cmds, "subscriptions", "create, list, get, update or delete subscriptions")
+    s = command(cmds, "subscriptions", "create, list, get, update, detach or delete subscriptions")
     sa = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     def policy_options(q: argparse.ArgumentParser, update: bool) -> None:
         """The retry and dead-letter policies' flags (each policy is built from two)."""
@@ -567,6 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     push_options(u, endpoint=mode)
     d = command(sa, "delete", "delete a subscription and its messages", {"subscription": "SUBSCRIPTION"})
     d.add_argument("name", metavar="SUBSCRIPTION")
+    dt = command(sa, "detach", "detach a subscription from its topic: it stays, shown detached, its messages are "
+                 "dropped and it gets no more (pull and acks on it then fail)", {"subscription": "SUBSCRIPTION"})
+    dt.add_argument("name", metavar="SUBSCRIPTION")
     s.set_defaults(func=cmd_subscriptions)
 
     pb = command(cmds, "publish", "publish messages from arguments or a JSON-lines file", {"topic": "TOPIC"}, epilog=JSONL_HELP)

@@ -154,3 +154,18 @@ def test_a_version_2_subscriptions_table_gains_the_detached_column(warehouse: st
     finally:
         pub.stop()
         sub.close()
+
+
+def test_the_cli_detaches_and_shows_it(warehouse: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from deltabus.cli import main
+
+    env: dict[str, str] = {}
+    assert main(["--warehouse", warehouse, "topics", "create", "orders"], environ=env) == 0
+    assert main(["--warehouse", warehouse, "subscriptions", "create", "orders-sub", "--topic", "orders"], environ=env) == 0
+    capsys.readouterr()
+    assert main(["--warehouse", warehouse, "subscriptions", "detach", "orders-sub"], environ=env) == 0
+    assert "detached subscription projects/local/subscriptions/orders-sub" in capsys.readouterr().out
+    assert main(["--warehouse", warehouse, "subscriptions", "get", "orders-sub"], environ=env) == 0
+    assert json.loads(capsys.readouterr().out)["detached"] is True
+    assert main(["--warehouse", warehouse, "subscriptions", "detach", "missing-sub"], environ=env) == 1
+    assert "not found" in capsys.readouterr().err
