@@ -79,8 +79,9 @@ def test_publish_retries_make_progress_and_store_each_message_once(serve_thread:
         client.stop()
     assert faults.failed == 3  # the faults were met, and retried past
     assert faults.calls["Publish"] >= 4 + 3  # batches of at most 10, plus the three failed tries
-    # Only the Publish calls that succeeded committed: a failed one wrote nothing.
-    assert table_versions(warehouse)["messages"] - commits_before == faults.calls["Publish"] - 3
+    # Only the Publish calls that succeeded committed (several may share one commit: the
+    # server's Publish group commit); a failed one wrote nothing (each message once, below).
+    assert 1 <= table_versions(warehouse)["messages"] - commits_before <= faults.calls["Publish"] - 3
     assert len(set(ids)) == 40
     data = stored(warehouse)
     assert collections.Counter(data) == collections.Counter(f"m{i}".encode() for i in range(40))  # each exactly once

@@ -5,8 +5,11 @@ Each method turns its proto-plus request into the deltabus PublisherClient's req
 labels and message limits are checked by the same code as the Python client's; an error
 aborts the call with its Pub/Sub status (``status``) and writes nothing.
 
-- Publish: one request is one Delta commit (``publish_batch``): all its messages are
-  validated first, and one bad message fails the request with nothing written.
+- Publish: all of a request's messages are validated first (the library's name and
+  message rules), and one bad message fails the request with nothing written. Valid
+  requests go through the Publish group commit (``publish_commit``): the requests that
+  arrive while an append runs share the next append, so a request is never split over
+  commits, and a commit may hold several requests.
 - UpdateTopic: ``labels`` is the only updatable field (the only one deltabus keeps).
 - ListTopicSnapshots: always empty (snapshots come with issue 15), NOT_FOUND for a topic
   that does not exist.
@@ -27,6 +30,8 @@ from google.pubsub_v1 import types as pb
 
 from .. import names
 from ..errors import InvalidArgument
+from ..publisher.rows import OutgoingMessage
+from ..validation import check_message
 from ..types import validate_labels
 from . import convert, streaming
 from .calls import rpc
@@ -69,8 +74,15 @@ class PublisherService:
 
     @rpc
     async def Publish(self, request: pb.PublishRequest, context: Context) -> pb.PublishResponse:
-        body = {"topic": request.topic, "messages": [convert.message_request(m) for m in request.messages]}
-        ids = await self.state.run(self.state.publisher.publish_batch, request=body)
+        topic = str(names.parse_topic(request.topic))
+        if not request.messages:
+            raise InvalidArgument("messages", "at least one message is required")
+        messages = []
+        for i, m in enumerate(request.messages):
+            d = convert.message_request(m)
+            size = check_message(d["data"], d["attributes"], d["ordering_key"], where=f"messages[{i}]")
+            messages.append(OutgoingMessage(d["data"], d["attributes"], d["ordering_key"], size))
+        ids = await streaming.hub_for(self.state).publishes.publish(topic, messages)
         streaming.hub_for(self.state).published(request.topic)  # wake that topic's waiting streams now
         return pb.PublishResponse(message_ids=ids)
 

@@ -58,6 +58,7 @@ from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
 from . import convert
 from .group_commit import GroupCommits
+from .publish_commit import PublishCommits
 from .state import MESSAGE_OVERHEAD, RESPONSE_LIMIT, ServerState
 from .status import status_of
 
@@ -102,6 +103,9 @@ class StreamHub:
         # with this pool.
         self._rounds = ThreadPoolExecutor(max_workers=ROUND_THREADS, thread_name_prefix="deltabus-rounds")
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds)
+        # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
+        self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
+        self.publishes = PublishCommits(state.engine, state.registry, state.clock, executor=self._appends)
         self._streams: set[_Stream] = set()
         self._owner: dict[str, _Stream] = {}
         self._loop = asyncio.get_running_loop()
@@ -180,6 +184,7 @@ class StreamHub:
         self._halt.set()
         self._wake()
         self._rounds.shutdown(wait=False)  # queued rounds fail with UNAVAILABLE; running ones finish
+        self._appends.shutdown(wait=False)  # so do queued publishes (nothing of them written: the client retries)
         _HUBS.pop(id(self._state), None)
 
     # -- streams ------------------------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""server.publish_commit on real Delta tables: the Publish requests queued while an append
+runs share ONE append; each request stays whole, in arrival order; a request for a missing
+topic fails alone; a failing append fails its whole round and writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from deltabus.errors import NotFound
+from deltabus.publisher.rows import OutgoingMessage
+from deltabus.registry import Registry
+from deltabus.server.publish_commit import PublishCommits, _Pending, run_round, take_round
+from deltabus.storage import open_engine
+
+
+def _msgs(*data: bytes) -> list[OutgoingMessage]:
+    return [OutgoingMessage(d, {"k": "v"}, "", len(d) + 2) for d in data]
+
+
+def test_take_round_bounds() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        q = [_Pending("t", _msgs(b"a", b"b"), 10, loop.create_future()) for _ in range(4)]
+        assert take_round(q) == 4
+        assert take_round(q, max_messages=5) == 2
+        assert take_round(q, max_bytes=25) == 2
+        assert take_round(q[:1], max_messages=1, max_bytes=1) == 1  # a request larger than the bounds still goes alone
+    finally:
+        loop.close()
+
+
+def test_round_is_one_append_and_a_missing_topic_fails_alone(pub, topic, warehouse, clock) -> None:
+    engine = open_engine(warehouse, engine="delta-rs")
+    registry = Registry(engine, clock=clock)
+    before = engine.version("messages")
+    a, missing, b = run_round(engine, registry, [(topic, _msgs(b"1", b"2")), ("projects/local/topics/nope", _msgs(b"x")),
+                                                 (topic, _msgs(b"3"))], clock)
+    assert engine.version("messages") == before + 1
+    assert isinstance(missing, NotFound)
+    assert isinstance(a, list) and isinstance(b, list)
+    assert a + b == sorted(a + b)  # arrival order is id order
+    rows = engine.snapshot("messages").read(["message_id", "data"])
+    assert sorted(zip(rows["message_id"].to_pylist(), rows["data"].to_pylist())) == list(zip(a + b, [b"1", b"2", b"3"]))
+
+
+def test_concurrent_requests_share_appends(pub, topic, warehouse, clock) -> None:
+    engine = open_engine(warehouse, engine="delta-rs")
+    registry = Registry(engine, clock=clock)
+    before = engine.version("messages")
+    gate = threading.Event()
+    pool = ThreadPoolExecutor(1)
+    pool.submit(gate.wait)  # the first round waits behind this: the others queue meanwhile
+
+    async def main() -> list[list[str]]:
+        commits = PublishCommits(engine, registry, clock, executor=pool)
+        calls = [asyncio.ensure_future(commits.publish(topic, _msgs(b"0")))]
+        await asyncio.sleep(0.05)  # its round has started (held by the gate); the next 19 queue behind it
+        calls += [asyncio.ensure_future(commits.publish(topic, _msgs(f"{i}".encode()))) for i in range(1, 20)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = await asyncio.gather(*calls)
+        assert commits.requests == 20 and commits.rounds == 2
+        return out
+
+    try:
+        ids = asyncio.run(main())
+    finally:
+        pool.shutdown()
+    assert engine.version("messages") == before + 2
+    flat = [i for one in ids for i in one]
+    # the second round's 19 in arrival order (across rounds the commit version orders them)
+    assert len(set(flat)) == 20 and flat[1:] == sorted(flat[1:])
+
+
+def test_failing_append_fails_the_round_and_writes_nothing(pub, topic, warehouse, clock, monkeypatch) -> None:
+    engine = open_engine(warehouse, engine="delta-rs")
+    registry = Registry(engine, clock=clock)
+    before = engine.version("messages")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr("deltabus.server.publish_commit.append", broken)
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            commits = PublishCommits(engine, registry, clock, executor=pool)
+            return await asyncio.gather(commits.publish(topic, _msgs(b"a")), commits.publish(topic, _msgs(b"b")),
+                                        return_exceptions=True)
+
+    assert all(isinstance(r, OSError) for r in asyncio.run(main()))
+    assert engine.version("messages") == before
