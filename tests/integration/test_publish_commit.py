@@ -94,3 +94,4 @@ def test_failing_append_fails_the_round_and_writes_nothing(pub, topic, warehouse
 
     assert all(isinstance(r, OSError) for r in asyncio.run(main()))
     assert engine.version("messages") == before
+

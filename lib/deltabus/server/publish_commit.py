@@ -45,11 +45,11 @@ from ..errors import Cancelled, NotFound
 from ..publisher.rows import OutgoingMessage, append, build_rows
 from ..registry import Registry
 from ..storage import Engine
+from ..timestamps import US_PER_SECOND, to_us
 
 # A round's size bounds (one append): beyond them the remaining requests wait for the next round.
 MAX_ROUND_MESSAGES = 50_000
 MAX_ROUND_BYTES = 64 * 1024 * 1024
-_US = 1e-6
 
 
 class _Pending(NamedTuple):
@@ -72,7 +72,10 @@ def take_round(queue: list[_Pending], max_messages: int = MAX_ROUND_MESSAGES, ma
 
 
 def run_round(
-    engine: Engine, registry: Registry, requests: Sequence[tuple[str, Sequence[OutgoingMessage]]], clock: Callable[[], float]
+    engine: Engine,
+    registry: Registry,
+    requests: Sequence[tuple[str, Sequence[OutgoingMessage]]],
+    clock: Callable[[], float],
 ) -> list[list[str] | Exception]:
     """Append the messages of `requests` (topic name, messages) in one commit; return each
     request's ids, or the error that fails it alone (its topic is gone). Blocking. An
@@ -80,19 +83,19 @@ def run_round(
     topics = registry.topics()
     out: list[list[str] | Exception] = []
     tables: list[pa.Table] = []
-    last = float("-inf")
+    last = -1
     for name, messages in requests:
         rec = topics.get(name)
         if rec is None:  # deleted (or never created): this request alone fails
             out.append(NotFound("topic", name))
             continue
-        when = max(clock(), last + _US)  # strictly increasing: ids sort in arrival order
-        last = when
-        rows, ids = build_rows(rec.topic_uid, rec.name, messages, when)
+        last = max(to_us(clock()), last + 1)  # strictly increasing whole us: ids sort in arrival order
+        rows, ids = build_rows(rec.topic_uid, rec.name, messages, last / US_PER_SECOND)
         tables.append(rows)
         out.append(ids)
     if tables:
-        append(engine, pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+        rows = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        append(engine, rows)
     return out
 
 
@@ -132,7 +135,7 @@ class PublishCommits:
                 try:
                     try:
                         answers = await loop.run_in_executor(
-                            self._executor, run_round, self._engine, self._registry, [(p.topic, p.messages) for p in batch], self._clock
+                            self._executor, run_round, self._engine, self._registry, [(p.topic, p.messages) for p in batch], self._clock,
                         )
                     except RuntimeError as exc:  # the pool was shut down: the server is stopping (UNAVAILABLE: retry)
                         if "shutdown" not in str(exc):
