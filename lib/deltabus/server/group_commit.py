@@ -349,6 +349,15 @@ class GroupCommits:
     ) -> list[IdResult] | None:
         return await self._outcome(subscription, ids, max(0.0, float(seconds)), want_results)
 
+    def submit_modify_deadline(self, subscription: str, ids: Sequence[ackid.AckId], seconds: float) -> asyncio.Future[Answer]:
+        """Queue a deadline change now (its place in arrival order is taken at this call)
+        and return the future of its round's answer (None), for a caller that answers its
+        own client before the round commits. `ids` must not be empty."""
+        secs = max(0.0, float(seconds))
+        for fn in self._listeners:
+            fn(ids, secs)
+        return self._submit(subscription, OutcomeAsk(tuple(ids), secs, False))
+
     async def _outcome(self, subscription: str, ids: Sequence[ackid.AckId], seconds: float | None, want: bool) -> list[IdResult] | None:
         if not ids:
             return [] if want else None
