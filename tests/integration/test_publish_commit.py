@@ -95,3 +95,16 @@ def test_failing_append_fails_the_round_and_writes_nothing(pub, topic, warehouse
     assert all(isinstance(r, OSError) for r in asyncio.run(main()))
     assert engine.version("messages") == before
 
+
+def test_committed_rows_reach_the_cache_as_the_table_has_them(pub, topic, warehouse, clock) -> None:
+    from deltabus.delivery.payloads import fetch_messages
+    from deltabus.server.payload_cache import PayloadCache
+
+    engine = open_engine(warehouse, engine="delta-rs")
+    registry = Registry(engine, clock=clock)
+    cache = PayloadCache()
+    (ids,) = run_round(engine, registry, [(topic, _msgs(b"1", b"2"))], clock, cache)
+    assert isinstance(ids, list)
+    found, missing = cache.get(registry.topic(topic).topic_uid, ids)
+    assert missing == []
+    assert found == fetch_messages(engine, registry.topic(topic).topic_uid, ids)

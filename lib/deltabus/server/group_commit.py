@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import Executor
-from typing import Callable, NamedTuple, Sequence, Union
+from typing import Any, Callable, NamedTuple, Sequence, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,6 +70,7 @@ from ..storage import Engine, Snapshot
 from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
 from ..types import PubsubMessage, ReceivedMessage
+from .payload_cache import PayloadCache
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def run_round(
     clock: Callable[[], float],
     *,
     max_leases: int = MAX_ROUND_LEASES,
+    cache: PayloadCache | None = None,
 ) -> list[Answer]:
     """Run one round for `asks` (arrival order) on `sub`; return each ask's answer. Blocking."""
     uid = sub.sub_uid
@@ -177,7 +179,7 @@ def run_round(
         dead.finish(engine, decided.dead_key)  # a crash before this leaves marks the next round's recover finishes
     answers: list[Answer] = [None] * len(asks)
     leases = decided.leases
-    payloads = fetch_messages(engine, sub.topic_uid, [l.message_id for l in leases]) if leases else {}
+    payloads = _payloads(engine, sub.topic_uid, [l.message_id for l in leases], cache) if leases else {}
     with_attempts = sub.dead_letter_policy is not None  # Pub/Sub fills delivery_attempt only then
     for j, i in enumerate(lease_idx):
         if push:
@@ -211,6 +213,17 @@ def run_round(
                 for x in a.ids
             ]
     return answers
+
+
+def _payloads(engine: Engine, topic_uid: str, ids: list[str], cache: PayloadCache | None) -> dict[str, dict[str, Any]]:
+    """The leased messages' payloads: from `cache` (this server's recent publishes) where it
+    has them, the rest from the messages table."""
+    if cache is None:
+        return fetch_messages(engine, topic_uid, ids)
+    found, missing = cache.get(topic_uid, ids)
+    if missing:
+        found.update(fetch_messages(engine, topic_uid, missing))
+    return found
 
 
 def _pairs(outcomes: Sequence[Outcome]) -> pa.Table:
@@ -321,7 +334,9 @@ class GroupCommits:
         *,
         executor: Executor | None = None,
         max_leases: int = MAX_ROUND_LEASES,
+        cache: PayloadCache | None = None,
     ) -> None:
+        self._cache = cache
         self._engine = engine
         self._lookup = lookup
         self._clock = clock
@@ -411,4 +426,4 @@ class GroupCommits:
 
     def _round(self, subscription: str, asks: list[Ask]) -> list[Answer]:
         sub = self._lookup(subscription)
-        return run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases)
+        return run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases, cache=self._cache)

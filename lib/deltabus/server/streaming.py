@@ -58,6 +58,7 @@ from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
 from . import convert
 from .group_commit import GroupCommits
+from .payload_cache import PayloadCache
 from .publish_commit import PublishCommits
 from .state import MESSAGE_OVERHEAD, RESPONSE_LIMIT, ServerState
 from .status import status_of
@@ -102,10 +103,11 @@ class StreamHub:
         # messages arrived within 6 s after on the shared pool (one round took 4.1 s), 1,168
         # with this pool.
         self._rounds = ThreadPoolExecutor(max_workers=ROUND_THREADS, thread_name_prefix="deltabus-rounds")
-        self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds)
+        self.payloads = PayloadCache()  # this server's recent publishes, for the rounds that lease them
+        self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
-        self.publishes = PublishCommits(state.engine, state.registry, state.clock, executor=self._appends)
+        self.publishes = PublishCommits(state.engine, state.registry, state.clock, executor=self._appends, cache=self.payloads)
         self._streams: set[_Stream] = set()
         self._owner: dict[str, _Stream] = {}
         # ack id -> the lease end its deliveries row holds once the changes queued so far commit
