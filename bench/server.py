@@ -612,6 +612,20 @@ def _ms(seconds: float | None) -> str:
 
 
 # -- the section -----------------------------------------------------------------------------------
+def code_revision() -> dict[str, Any]:
+    """The commit the run measured and the server files that differed from it (the server
+    is being tuned while it is measured: a figure belongs to its code)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    changed = git("status", "--porcelain", "--", "lib/deltabus")
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "uncommitted": sorted(line[3:] for line in changed.splitlines() if line[3:].startswith("lib/deltabus/"))}
+
+
 def start(kind: ServerKind, scratch: Path, emulator: Path) -> Server:
     if kind == "deltabus":
         return DeltabusServer(scratch)
@@ -625,7 +639,7 @@ def run(sizes: Sizes, scratch: Path, kinds: tuple[ServerKind, ...] = SERVER_KIND
     out: dict[str, Any] = {"payload_bytes": PAYLOAD_BYTES, "publish_messages": sizes.publish, "pull_messages": sizes.pull,
                            "latency_rate": sizes.rate, "latency_seconds": sizes.seconds, "latency_warmup_seconds": sizes.warmup,
                            "clients": sizes.clients, "client_kind": "processes", "warm_up_messages": sizes.warm,
-                           "targets": dict(TARGETS), "servers": {}}
+                           "targets": dict(TARGETS), "code": code_revision(), "servers": {}}
     servers: dict[str, Server] = {}
     try:
         for kind in kinds:

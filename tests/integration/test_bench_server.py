@@ -25,6 +25,7 @@ def test_the_harness_against_deltabus_serve_alone_when_the_emulator_is_missing(t
     result = server.run(TINY, tmp_path, emulator=missing)
 
     assert result["servers"]["emulator"] == {"error": f"not installed: {missing} is missing"}
+    assert len(result["code"]["commit"]) == 40  # the figures name the code they measured
     d = result["servers"]["deltabus"]
     assert "failed" not in d, d.get("failed")
     assert d["exit"] == 0  # it stopped cleanly on SIGTERM
