@@ -61,7 +61,7 @@ from ..delivery.hooks import DeliveryHooks, hooks_for
 from ..delivery.merge import commit
 from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
-from ..delivery.payloads import fetch_messages
+from ..delivery.payloads import fetch_messages, received_messages
 from ..delivery.selection import read_candidates, select
 from ..errors import Cancelled, FailedPrecondition
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
@@ -69,7 +69,7 @@ from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
-from ..types import PubsubMessage, ReceivedMessage
+from ..types import ReceivedMessage
 from .payload_cache import PayloadCache
 
 log = logging.getLogger(__name__)
@@ -185,22 +185,7 @@ def run_round(
         if push:
             answers[i] = FailedPrecondition(f"{sub.name} is a push subscription; pull needs an empty push endpoint")
             continue
-        got: list[ReceivedMessage] = []
-        for k in decided.assign[j]:
-            lease = leases[k]
-            row = payloads.get(lease.message_id)
-            if row is None:  # payload files gone (retention): cannot deliver; the lease expires
-                log.error("message %s of %s has no payload in the messages table", lease.message_id, sub.name)
-                continue
-            msg = PubsubMessage(
-                data=row["data"] or b"",
-                attributes=dict(row["attributes"] or []),
-                message_id=lease.message_id,
-                publish_time=row["publish_time"],
-                ordering_key=row["ordering_key"] or "",
-            )
-            got.append(ReceivedMessage(ackid.encode(uid, lease.message_id, lease.delivery_attempt), msg,
-                                       lease.delivery_attempt if with_attempts else 0))
+        got = received_messages(uid, sub.name, [leases[k] for k in decided.assign[j]], payloads, with_attempts=with_attempts)
         answers[i] = Granted(got, decided.now + lease_secs[j])
     for a, i in zip(outcome_asks, out_idx):
         if a.want_results and decided.applied is not None:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .. import ackid, backlog, config, names, pagination, subscription_fields, watch
 from ..watch import LogWatcher
 from ..delivery import dead_letter, operations as delivery
-from ..delivery.payloads import fetch_messages
+from ..delivery.payloads import fetch_messages, received_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, required
@@ -25,7 +25,6 @@ from ..types import (
     MAX_ACK_DEADLINE,
     FlowControl,
     ListSubscriptionsResponse,
-    PubsubMessage,
     PullResponse,
     PushConfig,
     ReceivedMessage,
@@ -221,21 +220,7 @@ class SubscriberClient(ClientBase):
         if not leases:
             return []
         payloads = fetch_messages(self._engine, rec.topic_uid, [l.message_id for l in leases])
-        out = []
-        for lease in leases:
-            row = payloads.get(lease.message_id)
-            if row is None:  # payload files gone (retention): cannot deliver; leave the lease to expire
-                log.error("message %s of %s has no payload in the messages table", lease.message_id, rec.name)
-                continue
-            msg = PubsubMessage(
-                data=row["data"] or b"",
-                attributes=dict(row["attributes"] or []),
-                message_id=lease.message_id,
-                publish_time=row["publish_time"],
-                ordering_key=row["ordering_key"] or "",
-            )
-            out.append(ReceivedMessage(ackid.encode(rec.sub_uid, lease.message_id, lease.delivery_attempt), msg, lease.delivery_attempt))
-        return out
+        return received_messages(rec.sub_uid, rec.name, leases, payloads, with_attempts=True)
 
     @refused_when_closed
     def pull(
