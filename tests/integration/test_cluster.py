@@ -248,10 +248,15 @@ def test_a_worker_killed_mid_run_loses_nothing(cluster, tmp_path):
             while victim is None:
                 assert job.poll() is None, log_path.read_text()[-4000:]
                 assert time.time() < deadline, "no worker had pushes in flight"
-                if len(ep.snapshot()) >= 20:
+                seen = ep.snapshot()
+                if len(seen) >= 20:
+                    # A worker with a push open now (2 s each), not merely a connection: aiohttp
+                    # keeps idle connections open, and a worker whose sockets were all idle was
+                    # once chosen and killed with nothing in flight (a fresh-clone CI run).
+                    open_from = {p.peer_port for p in seen if p.answered is None}
                     for i, worker in enumerate(cluster.workers):
                         ports = endpoint_ports_of(process_tree(worker.process.pid), ep.port)
-                        if ports:
+                        if ports & open_from:
                             victim = i
                             break
                 time.sleep(0.1)
