@@ -63,7 +63,7 @@ from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
 from ..delivery.selection import read_candidates, select
-from ..errors import Cancelled, FailedPrecondition
+from ..errors import FailedPrecondition
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
@@ -71,6 +71,7 @@ from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
 from ..types import ReceivedMessage
 from .payload_cache import PayloadCache
+from .rounds import fail_all, run_off_loop, settle
 
 log = logging.getLogger(__name__)
 
@@ -386,24 +387,11 @@ class GroupCommits:
                     continue
                 self.rounds += 1
                 try:
-                    try:
-                        answers = await loop.run_in_executor(self._executor, self._round, subscription, [p.ask for p in batch])
-                    except RuntimeError as exc:  # the pool was shut down: the server is stopping (UNAVAILABLE: retry)
-                        if "shutdown" not in str(exc):
-                            raise
-                        raise Cancelled("the server is stopping; retry") from exc
+                    answers = await run_off_loop(self._executor, self._round, subscription, [p.ask for p in batch])
                 except Exception as exc:  # every call of the round gets the round's error
-                    for p in batch:
-                        if not p.future.done():
-                            p.future.set_exception(exc)
+                    fail_all(batch, exc)
                     continue
-                for p, a in zip(batch, answers):
-                    if p.future.done():
-                        continue
-                    if isinstance(a, FailedPrecondition):
-                        p.future.set_exception(a)
-                    else:
-                        p.future.set_result(a)
+                settle(batch, answers)  # a FailedPrecondition answer (a push subscription) fails its caller alone
         finally:
             self._running.pop(subscription, None)
             if self._queues.get(subscription):  # raced in after the loop test

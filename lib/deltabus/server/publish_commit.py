@@ -41,12 +41,13 @@ from typing import Callable, NamedTuple, Sequence
 
 import pyarrow as pa
 
-from ..errors import Cancelled, NotFound
+from ..errors import NotFound
 from ..publisher.rows import OutgoingMessage, append, build_rows
 from ..registry import Registry
 from ..storage import Engine
 from ..timestamps import US_PER_SECOND, to_us
 from .payload_cache import PayloadCache
+from .rounds import fail_all, run_off_loop, settle
 
 # A round's size bounds (one append): beyond them the remaining requests wait for the next round.
 MAX_ROUND_MESSAGES = 50_000
@@ -140,27 +141,14 @@ class PublishCommits:
                     continue
                 self.rounds += 1
                 try:
-                    try:
-                        answers = await loop.run_in_executor(
-                            self._executor, run_round, self._engine, self._registry, [(p.topic, p.messages) for p in batch], self._clock,
-                            self._cache,
-                        )
-                    except RuntimeError as exc:  # the pool was shut down: the server is stopping (UNAVAILABLE: retry)
-                        if "shutdown" not in str(exc):
-                            raise
-                        raise Cancelled("the server is stopping; retry") from exc
+                    answers = await run_off_loop(
+                        self._executor, run_round, self._engine, self._registry, [(p.topic, p.messages) for p in batch], self._clock,
+                        self._cache,
+                    )
                 except Exception as exc:  # nothing of the round was written: every request fails with it
-                    for p in batch:
-                        if not p.future.done():
-                            p.future.set_exception(exc)
+                    fail_all(batch, exc)
                     continue
-                for p, a in zip(batch, answers):
-                    if p.future.done():
-                        continue
-                    if isinstance(a, Exception):
-                        p.future.set_exception(a)
-                    else:
-                        p.future.set_result(a)
+                settle(batch, answers)
         finally:
             self._running = None
             if self._queue:  # raced in after the loop test
