@@ -273,3 +273,31 @@ def test_merge_counts_carry_one_set_of_names_and_registry_updates_find_their_row
         sub.get_subscription(subscription=name)
     pub.stop()
     sub.close()
+
+
+def test_new_messages_alone_commit_as_an_append_that_one_of_two_fan_outs_wins(engine, other):
+    """merge.commit writes INSERT-only source rows (newly fanned-out messages) as a blind
+    append with the cursor's app transaction: the same rows a MERGE would insert, in one
+    commit, and a second writer that fanned out the same versions conflicts on the cursor."""
+    from deltabus.delivery.merge import commit, source_rows
+    from deltabus.delivery.model import Op
+
+    uid = "sn"
+    new = rows(uid, ["m2", "m1"])
+    lease = pa.array([1_800_000_000_000_000, None], TS)
+    part = source_rows(Op.INSERT, uid, new, pa.array([1, 0], pa.int32()), lease)
+    stale = other.snapshot("deliveries")
+    before = engine.snapshot("deliveries").version
+    assert commit(engine.snapshot("deliveries"), [part], [uid], [("cursor-sn", 7)]) == {"num_target_rows_inserted": 2}
+    assert engine.snapshot("deliveries").version == before + 1
+    ops = [h.get("operation") for h in DeltaTable(engine.table_uri("deliveries")).history(1)]
+    assert ops == ["WRITE"]  # an append, not a MERGE
+    got = engine.snapshot("deliveries").read(columns=["message_id", "delivery_attempt", "lease_expires"], partition=uid)
+    assert got.to_pylist() == [  # in message-id order, as a MERGE writes them
+        {"message_id": "m1", "delivery_attempt": 0, "lease_expires": None},
+        {"message_id": "m2", "delivery_attempt": 1, "lease_expires": lease.to_pylist()[0]},
+    ]
+    assert engine.snapshot("deliveries").txn_version("cursor-sn") == 7
+    with pytest.raises(engine.conflict_errors):  # the same fan-out decided on the older snapshot
+        commit(stale, [part], [uid], [("cursor-sn", 7)])
+    assert state(engine, uid) == [("m1", 0), ("m2", 1)]  # nothing inserted twice

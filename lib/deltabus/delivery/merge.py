@@ -1,10 +1,12 @@
 """Committing the core's decisions: the OPS MERGE into the deliveries table.
 
-Contract: every write to a subscription's deliveries partition is ONE MERGE of source
-rows tagged with an ``Op`` (``SOURCE_SCHEMA``), joined on message_id and pinned by a
+Contract: every write to a subscription's deliveries partition is ONE commit of source
+rows tagged with an ``Op`` (``SOURCE_SCHEMA``): a MERGE joined on message_id and pinned by a
 literal ``sub_uid`` (so work on other subscriptions never conflicts, and two writers on
-one subscription conflict in Delta and one reruns from a fresh snapshot). The fan-out
-cursors and any other application transactions commit in the same MERGE. Deciding is
+one subscription conflict in Delta and one reruns from a fresh snapshot), or, when every
+row inserts a newly fanned-out message, a blind append with the cursor's transaction (the
+same effect: ``_append_new``). The fan-out cursors and any other application transactions
+commit in the same commit. Deciding is
 not done here: the source rows come from the pure functions of ``selection`` and
 ``outcomes``; ``commit`` only writes them.
 
@@ -187,12 +189,30 @@ def ops_in(source: pa.Table) -> list[Op]:
     return [Op(v) for v in pc.unique(source["op"]).to_pylist()]
 
 
+def _append_new(snap: Snapshot, source: pa.Table, txn: tuple[str, int] | None) -> Mapping[str, int]:
+    """Commit INSERT-only source rows as a blind append, in message-id order (the layout a
+    MERGE writes), with the fan-out cursor's application transaction.
+
+    Equivalent to the MERGE: INSERT rows are the fanned-out new messages, and the cursor
+    moving in the same commit guarantees no row of them exists yet (another writer fanning
+    out the same versions commits the same app id, so one of the two conflicts and reruns on
+    a fresh snapshot, where the cursor has moved). Why (measured with deltalake 1.6.6, a
+    server round of ~50 new messages, uncontended): a MERGE costs ~17 ms of CPU whatever its
+    size, an append ~3-7 ms; the server's lease rounds for fresh messages, the latency path
+    of every new message, are such rounds."""
+    rows = source.drop_columns(["op"]).take(pc.sort_indices(source, [("message_id", "ascending")]))
+    snap.append(rows, txn)
+    return {"num_target_rows_inserted": rows.num_rows}
+
+
 def commit(
     snap: Snapshot, parts: Sequence[pa.Table], sub_uids: Sequence[str], txns: Sequence[tuple[str, int]] = ()
 ) -> Mapping[str, int] | None:
     """Write source `parts` (SOURCE_SCHEMA) and application transactions `txns` as ONE commit:
-    a MERGE pinned to `sub_uids` when there are rows, else a commit of the txns alone, else
-    nothing. Returns the MERGE's metrics (None when no MERGE ran). This is the only
+    a MERGE pinned to `sub_uids` when there are rows (an append when they are all INSERT
+    rows and at most one txn rides along), else a commit of the txns alone, else nothing.
+    Returns the MERGE's metrics (an append's: num_target_rows_inserted; None when nothing
+    but txns or nothing was written). This is the only
     function of the core that writes. Raises ValueError, writing nothing, when a source
     row's sub_uid is not one of `sub_uids`."""
     parts = [p for p in parts if p.num_rows]
@@ -202,6 +222,8 @@ def commit(
         return None
     source = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     _check_pinned(source, sub_uids)
+    if len(txns) <= 1 and ops_in(source) == [Op.INSERT]:
+        return _append_new(snap, source, txns[0] if txns else None)
     metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
     leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
     # GIVE_UP rows update too (they mark), and so do CASCADE rows beside leases (an expired
