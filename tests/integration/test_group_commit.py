@@ -1,15 +1,21 @@
-"""server.group_commit.run_round on real Delta tables: many callers of one subscription, ONE
-commit; one outcome per message (ack wins, else the last deadline change); ids with an
-outcome are not leased in the same round; per-caller lease lengths; per-id results."""
+"""server.group_commit on real Delta tables: many callers of one subscription, ONE commit
+(new messages alone: an append answered before the round's outcomes commit); one outcome
+per message (ack wins, else the last deadline change); ids with an outcome are not leased
+in the same round; per-caller lease lengths; per-id results; deferred deadline changes ride
+in the next round."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from deltabus import ackid
 from deltabus.delivery.model import Result
 from deltabus.registry import Registry
-from deltabus.server.group_commit import Granted, LeaseAsk, OutcomeAsk, run_round
+from deltabus.server import group_commit
+from deltabus.server.group_commit import GroupCommits, Granted, LeaseAsk, OutcomeAsk, run_round
 from deltabus.storage import open_engine
 from deltabus.timestamps import to_us
 from tests.conftest import ManualClock
@@ -116,3 +122,117 @@ def test_ordering_keys_stay_on_one_caller_and_a_nack_cascades_over_an_extension(
     (again,) = run_round(engine, rec, [LeaseAsk(10, 10.0)], clock)
     again_k0 = [m.message.data for m in again.messages if m.message.ordering_key == "k0"]
     assert again_k0[:2] == [b"0", b"2"]  # the key comes again from its head, in order
+
+
+def _ops(engine, n: int) -> list[str]:
+    """The operations of the deliveries table's last `n` commits, oldest first."""
+    return [h["operation"] for h in reversed(DeltaTable(engine.table_uri("deliveries")).history(n))]
+
+
+def test_new_messages_are_appended_and_answered_before_the_round_s_acks_commit(pub, sub, topic, subscription, warehouse, clock) -> None:
+    pub.publish_batch(topic, [{"data": b"a"}])
+    engine, rec = _setup(warehouse, clock, subscription)
+    before = engine.version("deliveries")
+    (first,) = run_round(engine, rec, [LeaseAsk(5, 10.0)], clock)
+    (x,) = _ids(first)
+    assert engine.version("deliveries") == before + 1 and _ops(engine, 1) == ["WRITE"]  # new messages only: an append
+    fresh = pub.publish_batch(topic, [{"data": b"b"}, {"data": b"c"}])
+    seen: list[tuple[dict, list[str]]] = []
+
+    def early(answers) -> None:  # the leases are committed; x's ack is not yet
+        rows = engine.snapshot("deliveries").read(["message_id"], partition=rec.sub_uid)
+        seen.append((answers, sorted(rows["message_id"].to_pylist())))
+
+    answers = run_round(engine, rec, [OutcomeAsk((x,), None, True), LeaseAsk(5, 10.0)], clock, early=early)
+    assert _ops(engine, 2) == ["WRITE", "MERGE"]  # the new messages' append, then the ack's MERGE
+    ((handed, table_then),) = seen
+    assert list(handed) == [1] and handed[1] is answers[1]  # only the lease ask, the same answer
+    assert [i.message_id for i in _ids(answers[1])] == fresh
+    assert table_then == sorted([x.message_id, *fresh])  # x still there when the leases went out
+    assert answers[0] == [(x.message_id, x.delivery_attempt, Result.SUCCESS)]
+    rows = engine.snapshot("deliveries").read(["message_id"], partition=rec.sub_uid)
+    assert sorted(rows["message_id"].to_pylist()) == sorted(fresh)  # x acked
+
+
+def test_a_round_with_redeliveries_stays_one_merge(pub, sub, topic, subscription, warehouse, clock) -> None:
+    pub.publish_batch(topic, [{"data": b"a"}, {"data": b"b"}])
+    engine, rec = _setup(warehouse, clock, subscription)
+    (first,) = run_round(engine, rec, [LeaseAsk(5, 10.0)], clock)
+    x, y = _ids(first)
+    fresh = pub.publish_batch(topic, [{"data": b"c"}])
+    run_round(engine, rec, [OutcomeAsk((y,), 0.0)], clock)  # y nacked: due again
+    before = engine.version("deliveries")
+    called = []
+    answers = run_round(engine, rec, [OutcomeAsk((x,), None), LeaseAsk(5, 10.0)], clock, early=called.append)
+    assert engine.version("deliveries") == before + 1 and _ops(engine, 1) == ["MERGE"] and called == []
+    assert sorted(i.message_id for i in _ids(answers[1])) == sorted([y.message_id, *fresh])  # y again, and c
+
+
+def test_a_deferred_deadline_change_rides_in_the_next_round_or_commits_alone_after_a_while(
+    pub, sub, topic, subscription, warehouse, monkeypatch
+) -> None:
+    """A deferred change (the stream's receipt modack) starts no round; the next ack's round
+    carries it, else it commits alone after DEFER_SECONDS; its lease ends `seconds` after it
+    was asked, never earlier."""
+    import time
+
+    monkeypatch.setattr(group_commit, "DEFER_SECONDS", 0.3)
+    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(3)])
+    engine = open_engine(warehouse, engine="delta-rs")
+    rec = Registry(engine, clock=time.time).subscription(subscription)
+
+    def lease_of(message_id: str) -> int:
+        rows = engine.snapshot("deliveries").read(["message_id", "lease_expires"], partition=rec.sub_uid)
+        return dict(zip(rows["message_id"].to_pylist(), pc.cast(rows["lease_expires"], "int64").to_pylist()))[message_id]
+
+    async def scenario() -> None:
+        commits = GroupCommits(engine, lambda name: rec, time.time)
+        granted = await commits.lease(subscription, 3, 600.0)
+        x, y, z = _ids(granted)
+        rounds = commits.rounds
+        asked = time.time()
+        done = commits.submit_modify_deadline(subscription, [x, y], 20.0, defer=True)
+        await asyncio.sleep(0.1)
+        assert commits.rounds == rounds and not done.done()  # no round of its own
+        assert lease_of(x.message_id) > to_us(asked + 500)  # still the 600 s lease
+        await commits.acknowledge(subscription, [y])  # the ack's round carries it
+        assert commits.rounds == rounds + 1 and done.done() and done.result() is None
+        assert to_us(asked + 20.0) <= lease_of(x.message_id) <= to_us(time.time() + 20.0)
+        late = commits.submit_modify_deadline(subscription, [z], 30.0, defer=True)
+        await asyncio.sleep(0.1)
+        assert not late.done()
+        await asyncio.wait_for(late, 5.0)  # alone, once DEFER_SECONDS passed
+        assert commits.rounds == rounds + 2
+        assert lease_of(z.message_id) >= to_us(asked + 30.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_kill_between_the_leases_append_and_the_acks_merge_loses_nothing(pub, sub, topic, subscription, warehouse, clock) -> None:
+    """SIGKILL after a split round handed out its new messages' leases and before its ack
+    committed: the ack was never answered (the client sends it again), and once the leases
+    run out every message, the unacked one included, is delivered again."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pub.publish_batch(topic, [{"data": b"a"}])
+    engine, rec = _setup(warehouse, clock, subscription)
+    (first,) = run_round(engine, rec, [LeaseAsk(5, 10.0)], clock)
+    (x,) = _ids(first)
+    fresh = pub.publish_batch(topic, [{"data": b"b"}, {"data": b"c"}])
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root)])}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_split_round_worker.py")), warehouse, subscription,
+                           ackid.encode(*x)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == fresh  # handed over, then killed before the ack's MERGE
+    rows = engine.snapshot("deliveries").read(["message_id", "delivery_attempt"], partition=rec.sub_uid)
+    assert dict(zip(rows["message_id"].to_pylist(), rows["delivery_attempt"].to_pylist())) == {
+        x.message_id: 1, fresh[0]: 1, fresh[1]: 1}  # the leases committed; x not acked
+    clock.advance(60.0)  # every lease ran out
+    (again,) = run_round(engine, rec, [LeaseAsk(10, 10.0)], clock)
+    assert sorted(i.message_id for i in _ids(again)) == sorted([x.message_id, *fresh])
