@@ -144,7 +144,8 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _subscription_dict(s: Any) -> dict[str, Any]:
-    """What `subscriptions get/list` show: name, topic, every field with a flag, the retry and
+    """What `subscriptions get/list` show: name, topic, every field with a flag (the expiration
+    policy as its ttl in seconds, null: never), the retry and
     dead-letter policies (null: none), the push config, and whether it is detached."""
     from . import subscription_fields
 
@@ -152,6 +153,8 @@ def _subscription_dict(s: Any) -> dict[str, Any]:
     shown: dict[str, Any] = {"name": s.name, "topic": s.topic}
     for fld in subscription_fields.WITH_FLAG:
         value = getattr(s, fld.name)
+        if fld.name == "expiration_policy":  # the ttl in seconds; null: never expires
+            value = {"ttl": value.ttl}
         shown[fld.name] = dict(value) if isinstance(value, Mapping) else value
     retry, dead = s.retry_policy, s.dead_letter_policy
     return {
@@ -434,15 +437,23 @@ def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
                         "backoff_s", "backoff_reason", "last_status"]), file=out)
 
 
+def _days(seconds: float | None) -> str:
+    return "never" if seconds is None else (f"{seconds / 86400:g} days" if seconds >= 86400 else f"{seconds:g} s")
+
+
 def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
     import time
 
     from . import retention
+    from .registry import Registry
     from .storage import open_engine
 
     if args.retention_hours < 0:
         raise InvalidArgument("--retention-hours", f"must be >= 0, got {args.retention_hours}")
     engine = open_engine(args.warehouse, engine="delta-rs", create=False)  # maintenance is delta-rs's
+    # Expiration policies first: an expired subscription's cursor then no longer holds history.
+    for rec in Registry(engine, clock=time.time).delete_expired(time.time()):
+        print(f"deleted expired subscription {rec.name} (unused for over {_days(rec.expiration_policy.ttl)})", file=out)
     rows = retention.maintain(engine, retention_hours=args.retention_hours, clock=time.time)
     print(_table(rows, ["table", "files_before", "files_after", "vacuumed", "compactions_skipped", "version"]), file=out)
 

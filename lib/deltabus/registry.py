@@ -51,6 +51,7 @@ class SubscriptionRecord(Subscription):
     start_version: int
     create_time: dt.datetime | None = None
     update_time: dt.datetime | None = None
+    last_active: dt.datetime | None = None  # see subscription_fields
 
     def public(self, topic_live: bool = True) -> Subscription:
         values = subscription_fields.public_values(self)
@@ -187,7 +188,7 @@ class Registry:
         source = pa.Table.from_pylist([_sub_row(rec)], schema=SUBSCRIPTIONS.schema)
         # detached is only ever set by detach_subscription: an update made from a record read
         # before a detach must not attach the subscription again.
-        fixed = ("name", "sub_uid", "create_time", "start_version", "detached")
+        fixed = ("name", "sub_uid", "create_time", "start_version", "detached", "last_active")
         settable = {c: f"s.{c}" for c in SUBSCRIPTIONS.schema.names if c not in fixed}
 
         def fn(snap: Any) -> None:
@@ -220,6 +221,57 @@ class Registry:
 
         self._engine.transact(SUBSCRIPTIONS.name, fn, what=f"detach subscription {name}")
         return rec
+
+    def record_use(self, rec: SubscriptionRecord, when: float) -> None:
+        """Set the subscription's ``last_active`` to `when` unless it is later already (one
+        commit; ``activity.ActivityRecorder`` calls it). NotFound when it is gone."""
+        source = pa.table({"name": [rec.name], "sub_uid": [rec.sub_uid]}).append_column(
+            "last_active", pa.array([utc(when)], SUBSCRIPTIONS.schema.field("last_active").type)
+        )
+        later = "t.last_active IS NULL OR t.last_active < s.last_active"
+
+        def fn(snap: Any) -> None:
+            hit = snap.read(columns=["name"], filter=(pc.field("name") == rec.name) & (pc.field("sub_uid") == rec.sub_uid))
+            if not hit.num_rows:
+                raise NotFound("subscription", rec.name)
+            snap.merge(source, "t.name = s.name AND t.sub_uid = s.sub_uid", [MatchedUpdate({"last_active": "s.last_active"}, when=later)])
+
+        self._engine.transact(SUBSCRIPTIONS.name, fn, what=f"record use of {rec.name}")
+
+    def delete_expired(self, now: float) -> list[SubscriptionRecord]:
+        """Delete every subscription whose expiration policy says it expired at `now`
+        (``policy.expiration.expired``), with its messages; return the deleted records.
+
+        Each deletion commits only if the row still shows the use it was judged on: a use
+        recorded since (another process) keeps the subscription."""
+        from .policy.expiration import expired
+
+        gone = []
+        for rec in list(self.subscriptions().values()):
+            created = rec.create_time.timestamp() if rec.create_time is not None else now
+            active = rec.last_active.timestamp() if rec.last_active is not None else None
+            if not expired(rec.expiration_policy.ttl, created, active, now):
+                continue
+            if self._delete_unused(rec):
+                gone.append(rec)
+        return gone
+
+    def _delete_unused(self, rec: SubscriptionRecord) -> bool:
+        source = pa.table({"name": [rec.name], "sub_uid": [rec.sub_uid]}).append_column(
+            "last_active", pa.array([rec.last_active], SUBSCRIPTIONS.schema.field("last_active").type)
+        )
+        same = "(t.last_active IS NULL AND s.last_active IS NULL) OR t.last_active = s.last_active"
+
+        def fn(snap: Any) -> bool:
+            m = snap.merge(source, "t.name = s.name AND t.sub_uid = s.sub_uid", [MatchedDelete(when=same)])
+            return bool(m.get("num_target_rows_deleted"))
+
+        if not self._engine.transact(SUBSCRIPTIONS.name, fn, what=f"expire subscription {rec.name}"):
+            return False
+        self._engine.transact(
+            "deliveries", lambda snap: snap.delete(f"sub_uid = {literal(rec.sub_uid)}"), what=f"drop messages of {rec.name}",
+        )
+        return True
 
     def delete_subscription(self, name: str) -> SubscriptionRecord:
         rec = self.subscription(name)

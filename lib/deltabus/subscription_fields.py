@@ -44,6 +44,7 @@ from .timestamps import TS
 from .types import (
     MAX_FILTER_BYTES,
     DeadLetterPolicy,
+    ExpirationPolicy,
     NoWrapper,
     OidcToken,
     PushConfig,
@@ -276,6 +277,38 @@ def _filter(value: Any, path: str) -> str:
     return value
 
 
+def _expiration_policy(value: Any, path: str) -> ExpirationPolicy:
+    # None: the field was not given (or a mask path with it unset): Pub/Sub's default policy.
+    return ExpirationPolicy.coerce(value, path)
+
+
+def _expiration_row(policy: ExpirationPolicy) -> dict[str, Any]:
+    return {"ttl": policy.ttl}
+
+
+def _expiration_from_row(row: Mapping[str, Any]) -> ExpirationPolicy:
+    return ExpirationPolicy(row["ttl"])
+
+
+def parse_ttl(text: str) -> dict[str, float | None]:
+    """The CLI's --ttl as the field's request value: ``never``, or a duration (seconds, or a
+    number with s/m/h/d). The range is the field's validator's to check (its error names
+    ``expiration_policy.ttl``); a value that is no duration is argparse's error."""
+    import argparse
+
+    value = text.strip().lower()
+    if value == "never":
+        return {"ttl": None}
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+    scale = units.get(value[-1:])
+    try:
+        seconds = float(value[:-1] if scale is not None else value) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'never' or a duration such as 31d, 36h or 86400, got {text!r}") from None
+    return {"ttl": seconds}
+
+
+EXPIRATION_POLICY = pa.struct([pa.field("ttl", pa.float64())])
 RETRY_POLICY = pa.struct([pa.field("minimum_backoff", pa.float64()), pa.field("maximum_backoff", pa.float64())])
 DEAD_LETTER_POLICY = pa.struct(
     [pa.field("dead_letter_topic", pa.string()), pa.field("max_delivery_attempts", pa.int32())]
@@ -348,6 +381,17 @@ COLUMNS: tuple[SubscriptionField, ...] = (
     # settings, gets no messages and takes no pull, ack or deadline change (delivery.hooks).
     # A null (a row older than the column) reads as False.
     SubscriptionField("detached", pa.bool_(), since=3, settable=False, default=lambda: False, from_row=bool),
+    # Version 4 (issue 15): expiration. A null policy column (a row older than it) reads as
+    # the default policy (31 days); a stored policy with a null ttl is "never".
+    SubscriptionField(
+        "expiration_policy", EXPIRATION_POLICY, since=4, updatable=True, default=ExpirationPolicy,
+        validate=_expiration_policy, to_row=_expiration_row, from_row=_expiration_from_row,
+        cli=CliFlag("--ttl", "DURATION", create_help="delete it after this long unused: 1d..365d, or never (default 31d)",
+                    update_help="1d..365d, or never", parse=parse_ttl),
+    ),
+    # When the subscription was last used (pull, ack, deadline change, push), recorded at
+    # most once an hour per process (``activity.ActivityRecorder``); null: not since created.
+    SubscriptionField("last_active", TS, since=4, public=False, settable=False),
 )
 
 BY_NAME: dict[str, SubscriptionField] = {c.name: c for c in COLUMNS}

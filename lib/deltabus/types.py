@@ -302,6 +302,45 @@ class RetryPolicy:
         return cls(**given)
 
 
+# -- expiration (issue 15) ------------------------------------------------------------------------
+DAY = 86_400.0
+DEFAULT_EXPIRATION_TTL = 31 * DAY
+MIN_EXPIRATION_TTL = DAY
+MAX_EXPIRATION_TTL = 365 * DAY
+
+
+@dataclass(frozen=True, slots=True)
+class ExpirationPolicy:
+    """When an unused subscription is deleted (Pub/Sub's ``ExpirationPolicy``): after ``ttl``
+    seconds without a pull, an ack, a deadline change or a push, ``deltabus maintenance``
+    deletes it. ``ttl`` is 1..365 days; None means never. A subscription created without a
+    policy gets Pub/Sub's default, 31 days; ``ExpirationPolicy(ttl=None)`` (or ``{}``) is
+    "never expires", as an empty policy is in Pub/Sub. Durations normalise to float seconds."""
+
+    ttl: float | None = DEFAULT_EXPIRATION_TTL
+
+    def __post_init__(self) -> None:
+        if self.ttl is None:
+            return
+        seconds = duration_seconds(self.ttl, "expiration_policy.ttl")
+        if not MIN_EXPIRATION_TTL <= seconds <= MAX_EXPIRATION_TTL:
+            raise InvalidArgument("expiration_policy.ttl", f"must be 1..365 days ({_show(MIN_EXPIRATION_TTL)}..{_show(MAX_EXPIRATION_TTL)} "
+                                  f"seconds) or unset (never), got {_show(seconds)} seconds")
+        object.__setattr__(self, "ttl", seconds)
+
+    @classmethod
+    def coerce(cls, value: object, field_name: str = "expiration_policy") -> "ExpirationPolicy":
+        """An ExpirationPolicy, a dict with ``ttl`` (missing or null: never), or None (the
+        default policy, 31 days: the field was not given)."""
+        if value is None:
+            return cls()
+        if isinstance(value, ExpirationPolicy):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(field_name, f"must be an ExpirationPolicy, a dict or None, got {type(value).__name__}")
+        return cls(ttl=_only(value, {"ttl"}, field_name).get("ttl"))
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterPolicy:
     """Where a message goes once it has been delivered ``max_delivery_attempts`` times without
@@ -350,6 +389,7 @@ class Subscription:
     ``update_subscription``; the filter and ordering are fixed at creation, as in Pub/Sub.
     ``detached`` (issue 14) is True once ``PublisherClient.detach_subscription`` ran: the
     subscription stays, with no backlog, and refuses pull, acks and deadline changes.
+    ``expiration_policy`` (issue 15): unused that long, maintenance deletes it.
     ``subscription_fields.COLUMNS`` declares every field's rules; a test checks this class
     against it."""
 
@@ -363,6 +403,7 @@ class Subscription:
     dead_letter_policy: DeadLetterPolicy | None = None
     filter: str = ""
     detached: bool = False  # set only by detach_subscription (output only, as in Pub/Sub)
+    expiration_policy: ExpirationPolicy = field(default_factory=ExpirationPolicy)
 
     @classmethod
     def coerce(cls, value: "Subscription | Mapping[str, Any]") -> "Subscription":

@@ -40,7 +40,7 @@ def test_subscription_type_has_exactly_the_public_fields_in_order_with_their_def
 def test_the_record_is_the_public_fields_plus_the_internal_columns():
     assert {f.name for f in dataclasses.fields(SubscriptionRecord)} == {c.name for c in sf.COLUMNS}
     assert issubclass(SubscriptionRecord, Subscription)
-    assert INTERNAL == ["sub_uid", "topic_uid", "start_version", "create_time", "update_time"]
+    assert INTERNAL == ["sub_uid", "topic_uid", "start_version", "create_time", "update_time", "last_active"]
 
 
 def test_create_subscription_keywords_are_settable_fields():

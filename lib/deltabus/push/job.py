@@ -49,6 +49,7 @@ from ..policy.pacing import CommitPacing
 from ..delivery import dead_letter
 from ..delivery.dead_letter import DeadLetterMover
 from ..delivery.hooks import hooks_for
+from ..activity import ActivityRecorder
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine, Snapshot, open_engine
 from ..storage.tables import BACKLOG, DELIVERIES
@@ -130,6 +131,7 @@ class DeliveryJob:
         # A mistyped --warehouse is an error, not a new empty warehouse to watch forever.
         self.engine = engine or open_engine(settings.warehouse, engine=settings.engine, spark=spark, create=False)
         self.registry = Registry(self.engine, clock=clock)
+        self.activity = ActivityRecorder(self.registry, clock)  # for expiration policies
         self._clock = clock
         self.book = OutcomeLedger(self.registry.subscriptions, clock=clock, rand=rand)
         self.pacer = CommitPacer(pacing, clock())
@@ -214,6 +216,10 @@ class DeliveryJob:
             movers[uid].finish(self.engine, key)
         report.fanned_out = result.fanned_out
         report.delivered = self._launch(subs, result.leases, result.leased_at, result.lease_expires)
+        if result.committed:  # pushed or settled: the subscription is in use (expiration policies)
+            for uid in {u for u, items in result.leases.items() if items} | set(merging):
+                if uid in by_uid:
+                    self.activity.used(by_uid[uid])
         self.book.settle(subs)
         quiet = self.unsettled() == 0 and report.delivered == 0 and not merging and not result.fanned_out
         # Idleness is only ever judged on a backlog computed in this very batch.

@@ -30,7 +30,7 @@ TOPIC_FIELDS = frozenset({"name", "labels"})
 TOPIC_OUTPUT_ONLY = frozenset({"state", "satisfies_pzs"})
 SUBSCRIPTION_FIELDS = frozenset(
     {"name", "topic", "push_config", "ack_deadline_seconds", "labels", "enable_message_ordering", "filter",
-     "dead_letter_policy", "retry_policy"}
+     "dead_letter_policy", "retry_policy", "expiration_policy"}
 )
 SUBSCRIPTION_OUTPUT_ONLY = frozenset({"state", "topic_message_retention_duration", "analytics_hub_subscription_info"})
 PUSH_CONFIG_FIELDS = frozenset({"push_endpoint", "attributes", "oidc_token", "pubsub_wrapper", "no_wrapper"})
@@ -150,6 +150,13 @@ def subscription_values(sub: pb.Subscription, paths: Iterable[str] | None = None
                 out[name] = {"dead_letter_topic": d.dead_letter_topic, "max_delivery_attempts": d.max_delivery_attempts}
             else:
                 out[name] = None
+        elif name == "expiration_policy":
+            # Set with no ttl: never expires (Pub/Sub's empty policy); not set: the default.
+            if name in given:
+                ttl = "ttl" in set_fields(sub.expiration_policy)
+                out[name] = {"ttl": _seconds(getattr(sub.expiration_policy, "ttl")) if ttl else None}  # a timedelta (proto-plus)
+            else:
+                out[name] = None
         elif name == "labels":
             out[name] = dict(sub.labels)
         elif name == "ack_deadline_seconds":
@@ -177,6 +184,8 @@ def subscription_to_proto(sub: Subscription) -> pb.Subscription:
             minimum_backoff=dt.timedelta(seconds=sub.retry_policy.minimum_backoff),
             maximum_backoff=dt.timedelta(seconds=sub.retry_policy.maximum_backoff),
         )
+    ttl = sub.expiration_policy.ttl
+    out.expiration_policy = pb.ExpirationPolicy(ttl=dt.timedelta(seconds=ttl)) if ttl is not None else pb.ExpirationPolicy()
     if sub.dead_letter_policy is not None:
         out.dead_letter_policy = pb.DeadLetterPolicy(
             dead_letter_topic=sub.dead_letter_policy.dead_letter_topic,

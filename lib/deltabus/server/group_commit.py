@@ -371,8 +371,12 @@ class GroupCommits:
         executor: Executor | None = None,
         max_leases: int = MAX_ROUND_LEASES,
         cache: PayloadCache | None = None,
+        on_use: Callable[[SubscriptionRecord], None] | None = None,
     ) -> None:
+        """`on_use(record)`: called after each round that committed (the subscription was
+        used: ``activity.ActivityRecorder.used``), on the round's thread."""
         self._cache = cache
+        self._on_use = on_use
         self._engine = engine
         self._lookup = lookup
         self._clock = clock
@@ -495,4 +499,7 @@ class GroupCommits:
 
     def _round(self, subscription: str, asks: list[Ask], early: EarlyAnswers | None = None) -> list[Answer]:
         sub = self._lookup(subscription)
-        return run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases, cache=self._cache, early=early)
+        answers = run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases, cache=self._cache, early=early)
+        if self._on_use is not None:
+            self._on_use(sub)
+        return answers

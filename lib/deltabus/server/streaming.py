@@ -53,6 +53,7 @@ import grpc.aio
 from google.pubsub_v1 import types as pb
 
 from .. import ackid, names
+from ..activity import ActivityRecorder
 from ..errors import FailedPrecondition, InvalidArgument
 from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
@@ -104,7 +105,9 @@ class StreamHub:
         # with this pool.
         self._rounds = ThreadPoolExecutor(max_workers=ROUND_THREADS, thread_name_prefix="deltabus-rounds")
         self.payloads = PayloadCache()  # this server's recent publishes, for the rounds that lease them
-        self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads)
+        self.activity = ActivityRecorder(state.registry, state.clock)  # for expiration policies
+        self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
+                                    on_use=self.activity.used)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
         self.publishes = PublishCommits(state.engine, state.registry, state.clock, executor=self._appends, cache=self.payloads)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .. import ackid, backlog, config, names, pagination, subscription_fields, watch
+from ..activity import ActivityRecorder
 from ..watch import LogWatcher
 from ..delivery import dead_letter, operations as delivery
 from ..delivery.payloads import fetch_messages, received_messages
@@ -63,6 +64,7 @@ class SubscriberClient(ClientBase):
             self._allow_http = self._settings.allow_http if self._settings is not None else config.client_allow_http()
         self._streams: list[StreamingPullManager] = []
         self._streams_lock = threading.Lock()
+        self._activity: ActivityRecorder | None = None  # for expiration policies; made on first use (the warehouse opens lazily)
 
     subscription_path = staticmethod(names.subscription_path)
     topic_path = staticmethod(names.topic_path)
@@ -75,6 +77,14 @@ class SubscriberClient(ClientBase):
                 "must be https; plain http needs allow_http (conf) or DELTABUS_ALLOW_HTTP=1 (for localhost and tests)",
             )
         return push
+
+    def _used(self, rec: SubscriptionRecord) -> None:
+        """Record that `rec` was used (its expiration policy counts from the last use)."""
+        if self._activity is None:
+            with self._streams_lock:
+                if self._activity is None:
+                    self._activity = ActivityRecorder(self._registry, self._clock)
+        self._activity.used(rec)
 
     def _sub(self, name: Any, field: str = "subscription") -> SubscriptionRecord:
         return self._registry.subscription(str(names.parse_subscription(name, field)))
@@ -217,6 +227,7 @@ class SubscriberClient(ClientBase):
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
         leases = delivery.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock)
+        self._used(rec)
         if not leases:
             return []
         payloads = fetch_messages(self._engine, rec.topic_uid, [l.message_id for l in leases])
@@ -287,11 +298,15 @@ class SubscriberClient(ClientBase):
 
     def _acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> int:
         rec = self._sub(subscription)
-        return delivery.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
+        done = delivery.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
+        self._used(rec)
+        return done
 
     def _modify_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> int:
         rec = self._sub(subscription)
-        return delivery.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
+        done = delivery.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
+        self._used(rec)
+        return done
 
     @refused_when_closed
     def acknowledge(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None, ack_ids: Sequence[str] | None = None) -> None:
