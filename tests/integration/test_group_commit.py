@@ -171,13 +171,13 @@ def test_a_round_with_redeliveries_stays_one_merge(pub, sub, topic, subscription
 def test_a_deferred_deadline_change_rides_in_the_next_round_or_commits_alone_after_a_while(
     pub, sub, topic, subscription, warehouse, monkeypatch
 ) -> None:
-    """A deferred change (the stream's receipt modack) starts no round; the next ack's round
-    carries it, else it commits alone after DEFER_SECONDS; its lease ends `seconds` after it
-    was asked, never earlier."""
+    """A deferred change (the stream's receipt modack) starts no round, not even right after
+    a running round; the next ack's round carries it, else it commits alone after
+    DEFER_SECONDS; its lease ends `seconds` after it was asked (not after its round)."""
     import time
 
-    monkeypatch.setattr(group_commit, "DEFER_SECONDS", 0.3)
-    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(3)])
+    monkeypatch.setattr(group_commit, "DEFER_SECONDS", 1.0)
+    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(4)])
     engine = open_engine(warehouse, engine="delta-rs")
     rec = Registry(engine, clock=time.time).subscription(subscription)
 
@@ -187,23 +187,52 @@ def test_a_deferred_deadline_change_rides_in_the_next_round_or_commits_alone_aft
 
     async def scenario() -> None:
         commits = GroupCommits(engine, lambda name: rec, time.time)
-        granted = await commits.lease(subscription, 3, 600.0)
-        x, y, z = _ids(granted)
+        granted = await commits.lease(subscription, 4, 600.0)
+        w, x, y, z = _ids(granted)
         rounds = commits.rounds
+        ack = asyncio.ensure_future(commits.acknowledge(subscription, [w]))  # a round running...
+        while commits.rounds == rounds:  # (counted when its batch is taken)
+            await asyncio.sleep(0)
+        assert not ack.done()
         asked = time.time()
-        done = commits.submit_modify_deadline(subscription, [x, y], 20.0, defer=True)
-        await asyncio.sleep(0.1)
-        assert commits.rounds == rounds and not done.done()  # no round of its own
+        done = commits.submit_modify_deadline(subscription, [x, y], 20.0, defer=True)  # ...when this is queued
+        await ack
+        await asyncio.sleep(0.3)
+        assert commits.rounds == rounds + 1 and not done.done()  # no round of its own after the running one
         assert lease_of(x.message_id) > to_us(asked + 500)  # still the 600 s lease
         await commits.acknowledge(subscription, [y])  # the ack's round carries it
-        assert commits.rounds == rounds + 1 and done.done() and done.result() is None
-        assert to_us(asked + 20.0) <= lease_of(x.message_id) <= to_us(time.time() + 20.0)
+        assert commits.rounds == rounds + 2 and done.done() and done.result() is None
+        assert abs(lease_of(x.message_id) - to_us(asked + 20.0)) < 50_000  # 20 s from when it was asked (0.3 s ago)
         late = commits.submit_modify_deadline(subscription, [z], 30.0, defer=True)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
         assert not late.done()
         await asyncio.wait_for(late, 5.0)  # alone, once DEFER_SECONDS passed
-        assert commits.rounds == rounds + 2
+        assert commits.rounds == rounds + 3
         assert lease_of(z.message_id) >= to_us(asked + 30.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_split_round_answers_its_leases_before_its_acks_commit(pub, sub, topic, subscription, warehouse) -> None:
+    import time
+
+    pub.publish_batch(topic, [{"data": b"a"}])
+    engine = open_engine(warehouse, engine="delta-rs")
+    rec = Registry(engine, clock=time.time).subscription(subscription)
+
+    async def scenario() -> None:
+        commits = GroupCommits(engine, lambda name: rec, time.time)
+        (x,) = _ids(await commits.lease(subscription, 5, 60.0))
+        pub.publish_batch(topic, [{"data": b"b"}, {"data": b"c"}])
+        blocker = asyncio.ensure_future(commits.acknowledge(subscription, []))  # (no ids: answered at once)
+        await blocker
+        ack = asyncio.ensure_future(commits.acknowledge(subscription, [x]))
+        lease = asyncio.ensure_future(commits.lease(subscription, 5, 60.0))
+        got = await lease
+        assert len(got.messages) == 2
+        assert not ack.done()  # the ack's MERGE is still running: the leases went out first
+        await ack
+        assert commits.rounds == 2  # the first lease, then one round with both calls
 
     asyncio.run(scenario())
 

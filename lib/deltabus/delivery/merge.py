@@ -189,17 +189,39 @@ def ops_in(source: pa.Table) -> list[Op]:
     return [Op(v) for v in pc.unique(source["op"]).to_pylist()]
 
 
-def _append_new(snap: Snapshot, source: pa.Table, txn: tuple[str, int] | None) -> Mapping[str, int]:
+def _any_present(snap: Snapshot, source: pa.Table, sub_uids: Sequence[str]) -> bool:
+    """Whether any source row's message already has a row in the snapshot (its partition).
+
+    The cursor does not prove absence by itself: a crash between a push batch's MERGE and its
+    cursor's commit (delta-spark records the cursors one commit each) leaves rows past the
+    cursor, which the MERGE's insert-if-absent skipped and an append would write twice. Ids
+    are time-ordered, so only the newest files (by their message_id range) are opened."""
+    ids = pc.unique(source["message_id"])
+    lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
+
+    def outside(actions: pa.Table) -> pa.Array:
+        return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
+
+    for uid in sub_uids:
+        hit = snap.read_first(1, [("message_id", "ascending")], ["message_id"], partition=uid,
+                              filter=pc.field("message_id").isin(ids), skip_files=outside)
+        if hit.num_rows:
+            return True
+    return False
+
+
+def _append_new(snap: Snapshot, source: pa.Table, txn: tuple[str, int]) -> Mapping[str, int]:
     """Commit INSERT-only source rows as a blind append, in message-id order (the layout a
     MERGE writes), with the fan-out cursor's application transaction.
 
-    Equivalent to the MERGE: INSERT rows are the fanned-out new messages, and the cursor
-    moving in the same commit guarantees no row of them exists yet (another writer fanning
-    out the same versions commits the same app id, so one of the two conflicts and reruns on
-    a fresh snapshot, where the cursor has moved). Why (measured with deltalake 1.6.6, a
-    server round of ~50 new messages, uncontended): a MERGE costs ~17 ms of CPU whatever its
-    size, an append ~3-7 ms; the server's lease rounds for fresh messages, the latency path
-    of every new message, are such rounds."""
+    Equivalent to the MERGE's insert-if-absent only where ``commit`` takes this path: none of
+    the messages has a row in the snapshot (``_any_present``), and the append commits on that
+    very snapshot (``Snapshot.appends_on_snapshot``: delta-rs), so another writer fanning out
+    the same versions, which commits the same app id, makes one of the two conflict and rerun
+    on a fresh snapshot. Why (measured with deltalake 1.6.6, a server round of ~50 new
+    messages, uncontended): a MERGE costs ~17 ms of CPU whatever its size, an append ~3-7 ms;
+    the server's lease rounds for fresh messages, the latency path of every new message, are
+    such rounds."""
     rows = source.drop_columns(["op"]).take(pc.sort_indices(source, [("message_id", "ascending")]))
     snap.append(rows, txn)
     return {"num_target_rows_inserted": rows.num_rows}
@@ -210,7 +232,7 @@ def commit(
 ) -> Mapping[str, int] | None:
     """Write source `parts` (SOURCE_SCHEMA) and application transactions `txns` as ONE commit:
     a MERGE pinned to `sub_uids` when there are rows (an append when they are all INSERT
-    rows and at most one txn rides along), else a commit of the txns alone, else nothing.
+    rows of absent messages with the cursor's txn, on delta-rs: ``_append_new``), else a commit of the txns alone, else nothing.
     Returns the MERGE's metrics (an append's: num_target_rows_inserted; None when nothing
     but txns or nothing was written). This is the only
     function of the core that writes. Raises ValueError, writing nothing, when a source
@@ -222,8 +244,8 @@ def commit(
         return None
     source = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     _check_pinned(source, sub_uids)
-    if len(txns) <= 1 and ops_in(source) == [Op.INSERT]:
-        return _append_new(snap, source, txns[0] if txns else None)
+    if len(txns) == 1 and snap.appends_on_snapshot and ops_in(source) == [Op.INSERT] and not _any_present(snap, source, sub_uids):
+        return _append_new(snap, source, txns[0])
     metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
     leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
     # GIVE_UP rows update too (they mark), and so do CASCADE rows beside leases (an expired

@@ -9,7 +9,7 @@ Contract.
   call (natural batching: the busier the subscription, the larger each MERGE, and an idle
   one waits for nothing). A round runs on a worker thread (the delta-rs work blocks), so
   no stream holds a thread, and rounds of different subscriptions run side by side.
-- **One round = one ``engine.transact``** composing the delivery core exactly as
+- **One round = one ``engine.transact``** (two when split, below) composing the delivery core exactly as
   ``delivery/operations.py`` pull / acknowledge / modify_deadline do (dead-letter
   ``prepare`` before, ``mark`` inside, ``finish`` after; fan-out from the cursor; the idle
   cursor moved alone past IDLE_CURSOR_LAG versions of other topics; the ordering nack
@@ -35,7 +35,8 @@ Contract.
   ``operations.acknowledge_results`` does), else None (nothing is read first). Ack ids of
   another subscription (or an earlier incarnation of this one) are ignored, with an
   INVALID_ACK_ID result. A failing round (the subscription deleted: NotFound; a storage
-  error) fails every call in it with the same error.
+  error) fails every call in it with the same error, except the lease callers of a split
+  round already answered after their commit (the outcome callers then fail alone).
 - ``listen(fn)``: fn(ack ids, seconds) is called on the event loop when an outcome is
   submitted (seconds None = ack, 0 = nack): StreamingPull's flow control counts a message
   done when its ack arrives, whichever path it takes.
@@ -184,7 +185,7 @@ def run_round(
                 txns.extend(chosen_txns)
             elif fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 txns.append((cursor_app_id(uid), fan.end))
-        if winners and _split(lease_parts, txns):
+        if winners and snap.appends_on_snapshot and _split(lease_parts, txns):
             commit(snap, lease_parts, [uid], txns)  # an append: see _split
             return _Decided(now, leases, assign, None, key, outcomes_left=True)
         parts, applied = _outcome_parts(snap, uid, winners, want, now, policy)
@@ -241,7 +242,7 @@ def _split(lease_parts: Sequence[pa.Table], txns: Sequence[tuple[str, int]]) -> 
     at once and the acks' MERGE follows. Ids with an outcome are never among new messages
     (they were delivered before), so the two commits decide nothing of each other."""
     rows = [p for p in lease_parts if p.num_rows]
-    return bool(rows) and len(txns) <= 1 and all(ops_in(p) == [Op.INSERT] for p in rows)
+    return bool(rows) and len(txns) == 1 and all(ops_in(p) == [Op.INSERT] for p in rows)
 
 
 def _payloads(engine: Engine, topic_uid: str, ids: list[str], cache: PayloadCache | None) -> dict[str, dict[str, Any]]:

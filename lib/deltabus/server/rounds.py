@@ -4,8 +4,9 @@ off the event loop, and handing each caller of the round its answer.
 
 Contract: ``run_off_loop`` runs the round on the executor; an executor already shut down
 (the server is stopping) becomes ``Cancelled``, which callers see as UNAVAILABLE and retry.
-``fail_all`` gives every caller of a round that raised the round's error (nothing of the
-round was written). ``settle`` gives each caller its own answer, an Exception answer as the
+``fail_all`` gives every caller of a round that raised the round's error (nothing of that
+caller's work was written; a caller answered before the round ended, as a group-commit
+round's lease callers after its leases' commit, keeps its answer). ``settle`` gives each caller its own answer, an Exception answer as the
 future's exception. A future already done (its caller gone) is left alone. Event-loop only.
 """
 

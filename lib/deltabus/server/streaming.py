@@ -169,11 +169,13 @@ class StreamHub:
                 self._durable[ackid.encode(*a)] = until
             self.commits.submit_modify_deadline(subscription, ids, seconds, defer=True).add_done_callback(_quiet)
             return
+        # What each id's durable end was when this change was queued: a change queued after it
+        # (a deferred one, shorter) commits after it, so its end must not be overwritten.
+        queued = {ackid.encode(*a): self._durable.get(ackid.encode(*a)) for a in ids} if seconds > 0 else {}
         await self.commits.modify_deadline(subscription, ids, seconds)
         if seconds > 0:
-            for a in ids:
-                enc = ackid.encode(*a)
-                if enc in self._durable:
+            for enc, was in queued.items():
+                if enc in self._durable and self._durable[enc] == was:
                     self._durable[enc] = until
         else:
             self._wake(lambda s: s.sub_uid == ids[0].sub_uid)

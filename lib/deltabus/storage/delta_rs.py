@@ -36,6 +36,8 @@ class DeltaRsSnapshot:
     a snapshot commits at most once.
     """
 
+    appends_on_snapshot = True
+
     def __init__(self, spec: TableSpec, dt: DeltaTable, uri: str, stats_cache: dict[str, tuple[int, pa.Table]] | None = None) -> None:
         self._spec = spec
         self._dt = dt

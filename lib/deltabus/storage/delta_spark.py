@@ -131,6 +131,8 @@ def _conflict_types() -> tuple[type[BaseException], ...]:
 class DeltaSparkSnapshot:
     """One version of one table: reads at that version, writes only if nothing moved it."""
 
+    appends_on_snapshot = False  # see Snapshot.appends_on_snapshot
+
     def __init__(self, engine: "DeltaSparkEngine", spec: TableSpec, log_handle: "RsTable") -> None:
         self._engine = engine
         self._spark = engine.spark

@@ -85,6 +85,12 @@ def literal(value: str) -> str:
 class Snapshot(Protocol):
     """One version of one table; a merge on it conflicts with anything committed since."""
 
+    # Whether ``append`` with an application transaction commits on exactly this snapshot,
+    # so that another commit of that app id since makes it conflict (delta-rs: the write goes
+    # through the snapshot's own handle). delta-spark's writer reads the table again, so a
+    # commit landing after the snapshot's check can go unseen: False there.
+    appends_on_snapshot: bool
+
     @property
     def version(self) -> int: ...
 
