@@ -118,6 +118,9 @@ def test_the_push_job_stops_pushing_a_detached_subscription(spark, pub: Publishe
         job = DeliveryJob(spark, settings(warehouse))
         try:
             assert job.process(None, 1).delivered == 2
+            # Pushing is use (expiration policies): the job recorded it for both.
+            registry = Registry(open_engine(warehouse, engine="delta-rs", create=False), clock=time.time)
+            assert registry.subscription(gone).last_active is not None and registry.subscription(kept).last_active is not None
             job.drain()
             pub.detach_subscription(subscription=gone)
             assert {r.name for r in job.push_subscriptions().values()} == {kept}
@@ -145,10 +148,11 @@ def test_a_version_2_subscriptions_table_gains_the_detached_column(warehouse: st
     sub = SubscriberClient(warehouse=warehouse)
     try:
         dt = DeltaTable(uri)
-        assert dt.metadata().configuration[SCHEMA_VERSION_KEY] == "3"
+        assert dt.metadata().configuration[SCHEMA_VERSION_KEY] == str(SUBSCRIPTIONS.version)  # 3 and later
         assert [f.name for f in dt.schema().fields] == SUBSCRIPTIONS.schema.names
         old = sub.get_subscription(subscription="projects/local/subscriptions/old")
         assert old.detached is False and old.ack_deadline_seconds == 20  # null reads as not detached
+        assert old.expiration_policy.ttl == 31 * 86400  # version 4 (issue 15): null reads as the default policy
         pub.detach_subscription(subscription=old.name)
         assert sub.get_subscription(subscription=old.name).detached
     finally:

@@ -33,7 +33,7 @@ from tests.integration.test_engine_contract import (  # noqa: F401 - delta_spark
 PINNED = {
     "topics": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),
     # 2: retry_policy, dead_letter_policy, filter (issue 13); 3: detached (issue 14)
-    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),
+    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "4"}),  # 4: expiration_policy, last_active (issue 15)
     "messages": (1, 4, None, None, {"delta.enableChangeDataFeed": "true", "deltabus.schemaVersion": "1"}),
     "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "2"}),  # 2: dead_letter_key (issue 13)
     "backlog": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: dead_lettered, dead_letter_blocked (issue 13)
