@@ -83,3 +83,82 @@ def test_read_first_is_the_sorted_prefix_of_a_full_read(warehouse):
         assert got == full[:limit], limit
     skip_all = snap.read_first(5, keys, ["message_id"], partition="sa", skip_files=lambda a: pa.array([True] * a.num_rows))
     assert skip_all.num_rows == 0
+
+
+def test_the_deliveries_log_is_cleaned_behind_its_checkpoints_and_nothing_is_lost(warehouse):
+    """deliveries keeps 15 minutes of log (TableSpec.log_keep_seconds): with a clock an hour
+    ahead, every 100 commits the engine deletes the commit files before its latest
+    checkpoint. Rows, the cursors (application transactions) and a handle opened before
+    the cleanups all survive; the messages table (no log_keep_seconds) keeps its log."""
+    import os
+    import time
+
+    from deltabus.storage.maintenance import LogCleanup
+    from deltabus.storage.tables import DELIVERIES
+
+    engine = DeltaRsEngine(warehouse, clock=lambda: time.time() + 3600, log_cleanup=LogCleanup(every=100))
+    engine.ensure_tables()
+    before = DeltaTable(engine.table_uri("deliveries"))
+    schema = DELIVERIES.schema
+    for i in range(260):
+        row = {c: None for c in schema.names} | {"sub_uid": "s1", "message_id": f"m{i:04d}", "delivery_attempt": 0}
+        assert engine.append("deliveries", pa.Table.from_pylist([row], schema=schema), app_txn=(f"cursor-{i % 3}", i))
+        engine.append("messages", _message(i))
+    log = lambda t: sorted(f for f in os.listdir(f"{warehouse}/{t}/_delta_log") if f.endswith(".json"))  # noqa: E731
+    kept = log("deliveries")
+    assert len(kept) < 120 and kept[0] >= f"{199:020d}.json"  # only what follows the checkpoint at 199
+    assert len(log("messages")) > 260
+    fresh = DeltaRsEngine(warehouse).snapshot("deliveries")
+    assert fresh.read(columns=["message_id"]).num_rows == 260
+    assert [fresh.txn_version(f"cursor-{k}") for k in range(3)] == [258, 259, 257]
+    before.update_incremental()  # a handle from before the cleanups starts again from the checkpoint
+    assert before.version() == fresh.version and pa.table(before.to_pyarrow_table()).num_rows == 260
+
+
+def _message(i: int) -> pa.Table:
+    from deltabus.storage.tables import MESSAGES
+
+    row = {c: None for c in MESSAGES.schema.names} | {"topic_uid": "t1", "message_id": f"m{i:04d}", "data": b"x"}
+    return pa.Table.from_pylist([row], schema=MESSAGES.schema)
+
+
+def test_a_log_cleanup_killed_halfway_leaves_a_readable_table_and_the_next_one_finishes(warehouse):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from deltabus.storage.maintenance import LogCleanup, clean_log
+    from deltabus.storage.tables import DELIVERIES
+
+    engine = DeltaRsEngine(warehouse, log_cleanup=None)
+    engine.ensure_tables()
+    schema = DELIVERIES.schema
+    for i in range(120):  # a checkpoint at 99, nothing cleaned (log_cleanup=None)
+        row = {c: None for c in schema.names} | {"sub_uid": "s1", "message_id": f"m{i:04d}", "delivery_attempt": 0}
+        engine.append("deliveries", pa.Table.from_pylist([row], schema=schema), app_txn=("cursor", i))
+    uri = engine.table_uri("deliveries")
+    # A process that cleans the log and is SIGKILLed after its 10th deletion.
+    code = (
+        "import os, signal, sys, time\n"
+        "from deltabus.storage import maintenance as m\n"
+        "real, n = os.remove, [0]\n"
+        "def remove(p):\n"
+        "    real(p); n[0] += 1\n"
+        "    if n[0] == 10: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "m.os.remove = remove\n"
+        "m.clean_log(sys.argv[1], time.time() + 3600, 900)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root / "lib")}
+    proc = subprocess.run([sys.executable, "-c", code, uri], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    old = lambda: [f for f in os.listdir(f"{uri}/_delta_log") if f.endswith(".json") and int(f[:20]) < 99]  # noqa: E731
+    assert 0 < len(old()) < 99  # killed halfway: some of the commit files before the checkpoint remain
+    snap = DeltaRsEngine(warehouse).snapshot("deliveries")
+    assert snap.read(columns=["message_id"]).num_rows == 120 and snap.txn_version("cursor") == 119
+    assert clean_log(uri, time.time() + 3600, 900) > 0  # the next cleanup finishes the job
+    assert old() == []
+    assert DeltaRsEngine(warehouse).snapshot("deliveries").read(columns=["message_id"]).num_rows == 120

@@ -20,7 +20,7 @@ from ..config import ConcreteEngine
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
-from .maintenance import AutoCompact, compact, file_count
+from .maintenance import AutoCompact, LogCleanup, clean_log, compact, file_count
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
 
@@ -290,11 +290,15 @@ class DeltaRsEngine:
         max_conflict_seconds: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
         auto_compact: AutoCompact | None = AutoCompact(),
+        log_cleanup: LogCleanup | None = LogCleanup(),
+        clock: Callable[[], float] = time.time,
         extra_tables: Sequence[TableSpec] = (),
     ) -> None:
         """`extra_tables`: tables beyond the warehouse's own that snapshots, transact and
         append may name (the caller creates them; ``ensure_tables`` does not), e.g. a
-        feature's or a test's own tables used with ``keyed_steps``."""
+        feature's or a test's own tables used with ``keyed_steps``. `log_cleanup`: how often
+        the log of a table with ``log_keep_seconds`` is cleaned (local warehouses only), with
+        `clock` for the files' ages."""
         if "://" not in warehouse:
             warehouse = os.path.abspath(warehouse)
         self.warehouse = warehouse.rstrip("/")
@@ -303,6 +307,8 @@ class DeltaRsEngine:
         self._max_conflict_seconds = max_conflict_seconds
         self._sleep = sleep
         self._auto_compact = auto_compact
+        self._log_cleanup = log_cleanup if "://" not in self.warehouse else None  # object stores list from an offset
+        self._clock = clock
         self._local = threading.local()
         self._stats_cache: dict[str, tuple[int, pa.Table]] = {}  # table -> (version, add actions)
         self._specs: dict[str, TableSpec] = {**BY_NAME, **{t.name: t for t in extra_tables}}
@@ -405,9 +411,20 @@ class DeltaRsEngine:
                 attempt += 1
 
     def _after_commit(self, snap: DeltaRsSnapshot) -> None:
-        """Auto-compaction: every `every` commits, compact the partitions just written if they hold many files."""
+        """Auto-compaction: every `every` commits, compact the partitions just written if they
+        hold many files. Log cleanup: every ``LogCleanup.every`` commits, for a table with
+        ``log_keep_seconds``."""
+        if not snap._committed:
+            return
+        cleanup, keep = self._log_cleanup, snap._spec.log_keep_seconds
+        if cleanup is not None and keep is not None and cleanup.due(snap._dt.version()):
+            try:
+                removed = clean_log(self.table_uri(snap._spec.name), self._clock(), keep)
+                log.debug("cleaned %d log files of %s", removed, snap._spec.name)
+            except OSError as exc:  # a cleanup that fails is retried by the next one
+                log.debug("log cleanup of %s failed: %s", snap._spec.name, exc)
         policy = self._auto_compact
-        if policy is None or not snap._committed:
+        if policy is None:
             return
         dt = snap._dt
         if not policy.due(dt.version()):

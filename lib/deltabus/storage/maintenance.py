@@ -20,13 +20,25 @@ compaction the cost of a message grows with the history of the table.
   messages table from the subscriptions' fan-out cursors and calls ``maintain_warehouse``.
 - **Purge**: an ack deletes its ``deliveries`` row in the same MERGE, so acked rows never
   linger; vacuum then frees their files.
+- **Log cleanup** (``LogCleanup``, ``expired_log_files``): delta-rs lists ``_delta_log`` on
+  every commit and refresh, and on a local disk that costs per file: a one-row append took
+  9.8 ms of CPU with 123 log files, 22 ms with 2,052 and 40 ms with 4,082 (flat at ~6-7 ms
+  with the log cleaned; tombstones did not matter). Delta keeps commit files for 30 days,
+  so a table taking 20 commits a second slowed by the hour. A table whose spec says how
+  much log history its readers need (``TableSpec.log_keep_seconds``) has the commit files
+  older than that AND before its latest checkpoint deleted every ``LogCleanup.every``
+  commits. The checkpoint holds the state, application transactions included; a reader or
+  writer holding a snapshot older than the kept history must start again from a fresh one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +155,63 @@ def first_commit_since(table_uri: str, version: int, storage_options: Mapping[st
         return None
     stamps = [h["timestamp"] for h in dt.history() if h.get("version", -1) >= version and "timestamp" in h]
     return min(stamps) / 1000.0 if stamps else None
+
+
+# Commit files, their checksums, checkpoints (single, multi-part, v2) and log compactions:
+# the version (the end version for a compaction) is what decides.
+_LOG_FILE = re.compile(r"^(\d{20})(?:\.(\d{20}))?\.(json|crc|checkpoint(?:\.[^/]*)?\.parquet|compacted\.json)$")
+
+
+@dataclass(frozen=True, slots=True)
+class LogCleanup:
+    """How often the embedded engine cleans a table's log (see the module docstring)."""
+
+    every: int = 100  # commits between cleanups of one table (delta-rs checkpoints every 100)
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError("LogCleanup.every must be >= 1")
+
+    def due(self, version: int) -> bool:
+        # Halfway between checkpoints (written at versions 99, 199, ...): never racing one.
+        return version > 0 and version % self.every == self.every // 2
+
+
+def expired_log_files(files: Sequence[tuple[str, float]], checkpoint_version: int, now: float, keep_seconds: float) -> list[str]:
+    """The names among `files` ((name, modification time)) of a ``_delta_log`` that may go:
+    log files of versions before `checkpoint_version` (the latest checkpoint's), modified
+    more than `keep_seconds` before `now`. ``_last_checkpoint`` and anything unknown stay.
+    Pure."""
+    out = []
+    for name, mtime in files:
+        m = _LOG_FILE.match(name)
+        if m is None:
+            continue
+        version = int(m.group(2) or m.group(1))
+        if version < checkpoint_version and now - mtime > keep_seconds:
+            out.append(name)
+    return out
+
+
+def clean_log(table_path: str, now: float, keep_seconds: float) -> int:
+    """Delete the expired files of a local table's ``_delta_log`` (``expired_log_files``);
+    return how many. Without a checkpoint, nothing goes. Local paths only."""
+    log_dir = os.path.join(table_path, "_delta_log")
+    try:
+        with open(os.path.join(log_dir, "_last_checkpoint")) as f:
+            checkpoint = int(json.load(f)["version"])
+        entries = []
+        with os.scandir(log_dir) as it:
+            for e in it:
+                if e.is_file():
+                    entries.append((e.name, e.stat().st_mtime))
+    except (OSError, ValueError, KeyError):
+        return 0
+    removed = 0
+    for name in expired_log_files(entries, checkpoint, now, keep_seconds):
+        try:
+            os.remove(os.path.join(log_dir, name))
+            removed += 1
+        except FileNotFoundError:  # another writer's cleanup got it first
+            pass
+    return removed

@@ -82,6 +82,9 @@ class TableSpec:
     layers: tuple[tuple[pa.Field, ...], ...]
     partition_by: tuple[str, ...] = ()
     configuration: Mapping[str, str] = field(default_factory=dict)
+    # Seconds of log history the table's readers need (None: Delta's own 30 days); older
+    # commit files before the latest checkpoint are deleted (storage/maintenance.py, "Log cleanup").
+    log_keep_seconds: float | None = None
     schema: pa.Schema = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -217,6 +220,10 @@ DELIVERIES = TableSpec(
     # Small files (~2k rows) in message-id order: a lease or ack MERGE then rewrites only
     # the few files whose id range it touches, however large the backlog grows.
     configuration={"delta.targetFileSize": "65536"},
+    # Its history is read by nobody: a writer's conflict check needs the commits since its
+    # snapshot (seconds; a delta-spark MERGE under a minute here), and the cursors are
+    # application transactions, which checkpoints keep. 15 minutes is ample.
+    log_keep_seconds=900.0,
 )
 
 _BACKLOG_LAYERS = (

@@ -1,0 +1,38 @@
+"""storage.maintenance's log cleanup rules (pure): which _delta_log files may go, and when."""
+
+from __future__ import annotations
+
+from deltabus.storage.maintenance import LogCleanup, expired_log_files
+
+NOW = 1_800_000_000.0
+OLD, NEW = NOW - 3600, NOW - 10
+
+
+def v(n: int) -> str:
+    return f"{n:020d}"
+
+
+def test_only_old_files_of_versions_before_the_latest_checkpoint_go() -> None:
+    files = [
+        (f"{v(98)}.json", OLD), (f"{v(98)}.crc", OLD), (f"{v(99)}.json", OLD),
+        (f"{v(99)}.checkpoint.parquet", OLD),  # the latest checkpoint itself stays
+        (f"{v(49)}.checkpoint.parquet", OLD),  # an older one goes
+        (f"{v(49)}.checkpoint.0000000001.0000000002.parquet", OLD),  # multi-part
+        (f"{v(10)}.{v(20)}.compacted.json", OLD),
+        (f"{v(10)}.{v(120)}.compacted.json", OLD),  # reaches past the checkpoint: stays
+        (f"{v(97)}.json", NEW),  # too young (a writer's snapshot may still need it)
+        (f"{v(100)}.json", OLD),  # after the checkpoint
+        ("_last_checkpoint", OLD), ("notes.txt", OLD), (f"{v(5)}.json.tmp", OLD),
+    ]
+    got = expired_log_files(files, checkpoint_version=99, now=NOW, keep_seconds=900)
+    assert sorted(got) == sorted([
+        f"{v(98)}.json", f"{v(98)}.crc", f"{v(49)}.checkpoint.parquet",
+        f"{v(49)}.checkpoint.0000000001.0000000002.parquet", f"{v(10)}.{v(20)}.compacted.json",
+    ])
+    assert expired_log_files(files, checkpoint_version=99, now=NOW, keep_seconds=7200) == []
+
+
+def test_cleanups_fall_between_checkpoints() -> None:
+    c = LogCleanup()
+    assert [n for n in range(1, 301) if c.due(n)] == [50, 150, 250]
+    assert [n for n in range(1, 31) if LogCleanup(every=10).due(n)] == [5, 15, 25]
