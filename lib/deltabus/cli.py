@@ -438,7 +438,10 @@ def cmd_backlog(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _days(seconds: float | None) -> str:
-    return "never" if seconds is None else (f"{seconds / 86400:g} days" if seconds >= 86400 else f"{seconds:g} s")
+    if seconds is None:
+        return "never"
+    days = seconds / 86400
+    return f"{days:g} day" if days == 1 else f"{days:g} days"
 
 
 def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:

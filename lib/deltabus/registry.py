@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
@@ -19,6 +20,7 @@ from .timestamps import utc
 from .types import Subscription, Topic
 
 Clock = Callable[[], float]
+log = logging.getLogger(__name__)
 
 
 def new_uid(prefix: str) -> str:
@@ -178,6 +180,9 @@ class Registry:
             start_version=start_version,
             create_time=now,
             update_time=now,
+            # Set at creation, so a null last_active means a row from before expiration
+            # policies (schema v4): delete_expired starts its clock instead of judging it.
+            last_active=now,
         )
         self._insert_unique(SUBSCRIPTIONS.name, SUBSCRIPTIONS.schema, "subscription", _sub_row(rec))
         return rec
@@ -223,44 +228,55 @@ class Registry:
         return rec
 
     def record_use(self, rec: SubscriptionRecord, when: float) -> None:
-        """Set the subscription's ``last_active`` to `when` unless it is later already (one
-        commit; ``activity.ActivityRecorder`` calls it). NotFound when it is gone."""
+        """Set the subscription's ``last_active`` to `when` unless it is later already. ONE
+        attempt (a conflict raises the engine's conflict error, and the caller's next use
+        tries again): the caller may be a server round with pulls waiting on it. NotFound
+        when it is gone."""
         source = pa.table({"name": [rec.name], "sub_uid": [rec.sub_uid]}).append_column(
             "last_active", pa.array([utc(when)], SUBSCRIPTIONS.schema.field("last_active").type)
         )
         later = "t.last_active IS NULL OR t.last_active < s.last_active"
-
-        def fn(snap: Any) -> None:
-            hit = snap.read(columns=["name"], filter=(pc.field("name") == rec.name) & (pc.field("sub_uid") == rec.sub_uid))
-            if not hit.num_rows:
-                raise NotFound("subscription", rec.name)
-            snap.merge(source, "t.name = s.name AND t.sub_uid = s.sub_uid", [MatchedUpdate({"last_active": "s.last_active"}, when=later)])
-
-        self._engine.transact(SUBSCRIPTIONS.name, fn, what=f"record use of {rec.name}")
+        snap = self._engine.snapshot(SUBSCRIPTIONS.name)
+        hit = snap.read(columns=["name"], filter=(pc.field("name") == rec.name) & (pc.field("sub_uid") == rec.sub_uid))
+        if not hit.num_rows:
+            raise NotFound("subscription", rec.name)
+        snap.merge(source, "t.name = s.name AND t.sub_uid = s.sub_uid", [MatchedUpdate({"last_active": "s.last_active"}, when=later)])
 
     def delete_expired(self, now: float) -> list[SubscriptionRecord]:
         """Delete every subscription whose expiration policy says it expired at `now`
         (``policy.expiration.expired``), with its messages; return the deleted records.
 
-        Each deletion commits only if the row still shows the use it was judged on: a use
-        recorded since (another process) keeps the subscription."""
+        Each deletion commits only if the row still shows the use and the settings it was
+        judged on: a use recorded since (another process) or an update since (a longer ttl)
+        keeps the subscription. A row with no recorded use was written before expiration
+        policies existed (creation records one): its clock starts now, so an upgrade never
+        deletes a subscription that was in use. One subscription's failure does not stop
+        the others (it is logged; the next run tries again)."""
         from .policy.expiration import expired
 
         gone = []
         for rec in list(self.subscriptions().values()):
-            created = rec.create_time.timestamp() if rec.create_time is not None else now
-            active = rec.last_active.timestamp() if rec.last_active is not None else None
-            if not expired(rec.expiration_policy.ttl, created, active, now):
+            try:
+                if rec.last_active is None:
+                    self.record_use(rec, now)
+                    continue
+                created = rec.create_time.timestamp() if rec.create_time is not None else now
+                if expired(rec.expiration_policy.ttl, created, rec.last_active.timestamp(), now) and self._delete_unused(rec):
+                    gone.append(rec)
+            except NotFound:
                 continue
-            if self._delete_unused(rec):
-                gone.append(rec)
+            except Exception as exc:  # noqa: BLE001 - maintenance goes on with the others
+                log.warning("expiring %s failed (%s); the next maintenance run tries again", rec.name, type(exc).__name__)
         return gone
 
     def _delete_unused(self, rec: SubscriptionRecord) -> bool:
-        source = pa.table({"name": [rec.name], "sub_uid": [rec.sub_uid]}).append_column(
-            "last_active", pa.array([rec.last_active], SUBSCRIPTIONS.schema.field("last_active").type)
-        )
-        same = "(t.last_active IS NULL AND s.last_active IS NULL) OR t.last_active = s.last_active"
+        ts = SUBSCRIPTIONS.schema.field("last_active").type
+        source = pa.table({
+            "name": pa.array([rec.name], pa.string()), "sub_uid": pa.array([rec.sub_uid], pa.string()),
+            "last_active": pa.array([rec.last_active], ts), "update_time": pa.array([rec.update_time], ts),
+        })
+        same = ("((t.last_active IS NULL AND s.last_active IS NULL) OR t.last_active = s.last_active)"
+                " AND ((t.update_time IS NULL AND s.update_time IS NULL) OR t.update_time = s.update_time)")
 
         def fn(snap: Any) -> bool:
             m = snap.merge(source, "t.name = s.name AND t.sub_uid = s.sub_uid", [MatchedDelete(when=same)])

@@ -99,7 +99,7 @@ def test_the_cli_sets_shows_and_expires(pub, topic, warehouse) -> None:
                                      "expiration_policy": {"ttl": DAY}})
     old.close()
     out = run(warehouse, "maintenance").stdout
-    assert "deleted expired subscription projects/cli/subscriptions/stale (unused for over 1 days)" in out
+    assert "deleted expired subscription projects/cli/subscriptions/stale (unused for over 1 day)" in out
     assert "kept" in run(warehouse, "subscriptions", "list").stdout
 
 
@@ -127,3 +127,27 @@ def test_the_server_shows_takes_and_records_use(gpub, gsub, warehouse) -> None:
     got = gsub.pull(request={"subscription": s, "max_messages": 1}, timeout=30)
     assert len(got.received_messages) == 1
     assert _registry(warehouse, time.time).subscription(s).last_active is not None  # the round recorded the use
+
+
+def test_an_upgraded_subscription_is_not_expired_by_its_age_and_an_update_saves_it(sub, topic, warehouse) -> None:
+    """A row written before expiration policies has no recorded use: maintenance starts its
+    clock instead of judging it by its creation time (an upgrade must not delete a busy
+    subscription). And a ttl raised after the judgement keeps the subscription."""
+    from deltalake import DeltaTable
+
+    clock = ManualClock(time.time())
+    old, raised = sub.subscription_path("local", "from-v3"), sub.subscription_path("local", "raised")
+    sub.create_subscription(name=old, topic=topic)
+    sub.create_subscription(request={"name": raised, "topic": topic, "expiration_policy": {"ttl": DAY}})
+    # What the v4 migration leaves on an old row: no policy, no recorded use.
+    DeltaTable(f"{warehouse}/subscriptions").update(
+        {"last_active": "NULL", "expiration_policy": "NULL"}, predicate=f"name = '{old}'")
+    clock.advance(40 * DAY)
+    registry = _registry(warehouse, clock)
+    judged = registry.subscription(raised)
+    sub.update_subscription(subscription={"name": raised, "expiration_policy": {}}, update_mask=["expiration_policy"])
+    assert registry._delete_unused(judged) is False  # judged on the old ttl: the update wins
+    assert registry.delete_expired(clock()) == []
+    assert registry.subscription(old).last_active.timestamp() == pytest.approx(clock(), abs=1e-3)  # its clock started
+    clock.advance(32 * DAY)
+    assert [r.name for r in registry.delete_expired(clock())] == [old]  # unused 32 days since the upgrade

@@ -102,7 +102,8 @@ def test_the_deliveries_log_is_cleaned_behind_its_checkpoints_and_nothing_is_los
     schema = DELIVERIES.schema
     for i in range(260):
         row = {c: None for c in schema.names} | {"sub_uid": "s1", "message_id": f"m{i:04d}", "delivery_attempt": 0}
-        assert engine.append("deliveries", pa.Table.from_pylist([row], schema=schema), app_txn=(f"cursor-{i % 3}", i))
+        txn = ("cursor-early", 5) if i == 0 else (f"cursor-{i % 3}", i)  # one cursor written only before every checkpoint
+        assert engine.append("deliveries", pa.Table.from_pylist([row], schema=schema), app_txn=txn)
         engine.append("messages", _message(i))
     log = lambda t: sorted(f for f in os.listdir(f"{warehouse}/{t}/_delta_log") if f.endswith(".json"))  # noqa: E731
     kept = log("deliveries")
@@ -111,6 +112,7 @@ def test_the_deliveries_log_is_cleaned_behind_its_checkpoints_and_nothing_is_los
     fresh = DeltaRsEngine(warehouse).snapshot("deliveries")
     assert fresh.read(columns=["message_id"]).num_rows == 260
     assert [fresh.txn_version(f"cursor-{k}") for k in range(3)] == [258, 259, 257]
+    assert fresh.txn_version("cursor-early") == 5  # kept by the checkpoints, its commit file long gone
     before.update_incremental()  # a handle from before the cleanups starts again from the checkpoint
     assert before.version() == fresh.version and pa.table(before.to_pyarrow_table()).num_rows == 260
 

@@ -12,7 +12,7 @@ def v(n: int) -> str:
     return f"{n:020d}"
 
 
-def test_only_old_files_of_versions_before_the_latest_checkpoint_go() -> None:
+def test_only_old_files_of_versions_before_an_old_enough_checkpoint_go() -> None:
     files = [
         (f"{v(98)}.json", OLD), (f"{v(98)}.crc", OLD), (f"{v(99)}.json", OLD),
         (f"{v(99)}.checkpoint.parquet", OLD),  # the latest checkpoint itself stays
@@ -24,12 +24,16 @@ def test_only_old_files_of_versions_before_the_latest_checkpoint_go() -> None:
         (f"{v(100)}.json", OLD),  # after the checkpoint
         ("_last_checkpoint", OLD), ("notes.txt", OLD), (f"{v(5)}.json.tmp", OLD),
     ]
-    got = expired_log_files(files, checkpoint_version=99, now=NOW, keep_seconds=900)
+    got = expired_log_files(files, now=NOW, keep_seconds=900)
     assert sorted(got) == sorted([
         f"{v(98)}.json", f"{v(98)}.crc", f"{v(49)}.checkpoint.parquet",
         f"{v(49)}.checkpoint.0000000001.0000000002.parquet", f"{v(10)}.{v(20)}.compacted.json",
     ])
-    assert expired_log_files(files, checkpoint_version=99, now=NOW, keep_seconds=7200) == []
+    assert expired_log_files(files, now=NOW, keep_seconds=7200) == []
+    # A checkpoint younger than the kept time does not count yet: the one before it decides.
+    young = [(n, NEW if n == f"{v(99)}.checkpoint.parquet" else t) for n, t in files]
+    assert sorted(expired_log_files(young, now=NOW, keep_seconds=900)) == sorted([f"{v(10)}.{v(20)}.compacted.json"])
+    assert expired_log_files([(f"{v(5)}.json", OLD)], now=NOW, keep_seconds=900) == []  # no checkpoint: nothing
 
 
 def test_cleanups_fall_between_checkpoints() -> None:

@@ -25,15 +25,14 @@ compaction the cost of a message grows with the history of the table.
   9.8 ms of CPU with 123 log files, 22 ms with 2,052 and 40 ms with 4,082 (flat at ~6-7 ms
   with the log cleaned; tombstones did not matter). Delta keeps commit files for 30 days,
   so a table taking 20 commits a second slowed by the hour. A table whose spec says how
-  much log history its readers need (``TableSpec.log_keep_seconds``) has the commit files
-  older than that AND before its latest checkpoint deleted every ``LogCleanup.every``
-  commits. The checkpoint holds the state, application transactions included; a reader or
+  much log history its readers need (``TableSpec.log_keep_seconds``) has the log files
+  older than that AND before its newest checkpoint at least that old deleted every
+  ``LogCleanup.every`` commits. The checkpoint holds the state, application transactions included; a reader or
   writer holding a snapshot older than the kept history must start again from a fresh one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -177,38 +176,38 @@ class LogCleanup:
         return version > 0 and version % self.every == self.every // 2
 
 
-def expired_log_files(files: Sequence[tuple[str, float]], checkpoint_version: int, now: float, keep_seconds: float) -> list[str]:
+def expired_log_files(files: Sequence[tuple[str, float]], now: float, keep_seconds: float) -> list[str]:
     """The names among `files` ((name, modification time)) of a ``_delta_log`` that may go:
-    log files of versions before `checkpoint_version` (the latest checkpoint's), modified
-    more than `keep_seconds` before `now`. ``_last_checkpoint`` and anything unknown stay.
-    Pure."""
-    out = []
+    log files modified more than `keep_seconds` before `now`, of versions before the newest
+    checkpoint that is itself that old (so a reader that listed the log just before a new
+    checkpoint appeared still finds what it listed, as Delta's own cleanup does).
+    ``_last_checkpoint`` and anything unknown stay. Pure."""
+    parsed = []
     for name, mtime in files:
         m = _LOG_FILE.match(name)
-        if m is None:
-            continue
-        version = int(m.group(2) or m.group(1))
-        if version < checkpoint_version and now - mtime > keep_seconds:
-            out.append(name)
-    return out
+        if m is not None:
+            parsed.append((name, mtime, int(m.group(2) or m.group(1)), m.group(3).startswith("checkpoint")))
+    old_checkpoints = [version for _, mtime, version, is_checkpoint in parsed if is_checkpoint and now - mtime > keep_seconds]
+    if not old_checkpoints:
+        return []
+    horizon = max(old_checkpoints)
+    return [name for name, mtime, version, _ in parsed if version < horizon and now - mtime > keep_seconds]
 
 
 def clean_log(table_path: str, now: float, keep_seconds: float) -> int:
     """Delete the expired files of a local table's ``_delta_log`` (``expired_log_files``);
-    return how many. Without a checkpoint, nothing goes. Local paths only."""
+    return how many. Without a checkpoint old enough, nothing goes. Local paths only."""
     log_dir = os.path.join(table_path, "_delta_log")
     try:
-        with open(os.path.join(log_dir, "_last_checkpoint")) as f:
-            checkpoint = int(json.load(f)["version"])
         entries = []
         with os.scandir(log_dir) as it:
             for e in it:
                 if e.is_file():
                     entries.append((e.name, e.stat().st_mtime))
-    except (OSError, ValueError, KeyError):
+    except OSError:
         return 0
     removed = 0
-    for name in expired_log_files(entries, checkpoint, now, keep_seconds):
+    for name in expired_log_files(entries, now, keep_seconds):
         try:
             os.remove(os.path.join(log_dir, name))
             removed += 1
