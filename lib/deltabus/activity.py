@@ -37,9 +37,8 @@ class ActivityRecorder:
         now = self._clock()
         on_record = rec.last_active.timestamp() if rec.last_active is not None else None
         with self._lock:
-            mine = self._recorded.get(rec.sub_uid)
-            last = max(t for t in (mine, on_record) if t is not None) if (mine is not None or on_record is not None) else None
-            if not record_due(last, now, self._interval):
+            known = [t for t in (self._recorded.get(rec.sub_uid), on_record) if t is not None]
+            if not record_due(max(known) if known else None, now, self._interval):
                 return
             self._recorded[rec.sub_uid] = now
         try:

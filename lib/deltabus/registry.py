@@ -16,6 +16,7 @@ from .storage import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, lit
 from .storage.tables import SUBSCRIPTIONS, TOPICS
 from . import subscription_fields
 from .names import DELETED_TOPIC
+from .policy.expiration import expired
 from .timestamps import utc
 from .types import Subscription, Topic
 
@@ -252,8 +253,6 @@ class Registry:
         policies existed (creation records one): its clock starts now, so an upgrade never
         deletes a subscription that was in use. One subscription's failure does not stop
         the others (it is logged; the next run tries again)."""
-        from .policy.expiration import expired
-
         gone = []
         for rec in list(self.subscriptions().values()):
             try:
@@ -284,19 +283,19 @@ class Registry:
 
         if not self._engine.transact(SUBSCRIPTIONS.name, fn, what=f"expire subscription {rec.name}"):
             return False
+        self._drop_messages(rec)
+        return True
+
+    def _drop_messages(self, rec: SubscriptionRecord) -> None:
+        """Drop the lease state of a subscription whose registry row is gone (one commit)."""
         self._engine.transact(
             "deliveries", lambda snap: snap.delete(f"sub_uid = {literal(rec.sub_uid)}"), what=f"drop messages of {rec.name}",
         )
-        return True
 
     def delete_subscription(self, name: str) -> SubscriptionRecord:
         rec = self.subscription(name)
         self._delete_named(SUBSCRIPTIONS.name, "subscription", name, "sub_uid", rec.sub_uid)
         # Its messages go at once: the registry row is gone (pull raises NotFound), and the
         # lease state of that sub_uid is dropped. A re-created subscription gets a new uid.
-        self._engine.transact(
-            "deliveries",
-            lambda snap: snap.delete(f"sub_uid = {literal(rec.sub_uid)}"),
-            what=f"drop messages of {name}",
-        )
+        self._drop_messages(rec)
         return rec

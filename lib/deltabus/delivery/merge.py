@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
-from ..storage.engine import Clause, WriteRaced
+from ..storage.engine import Clause, WriteRaced, read_by_ids
 from ..storage.tables import DELIVERIES
 from ..timestamps import TS
 from .model import Op
@@ -189,6 +189,15 @@ def ops_in(source: pa.Table) -> list[Op]:
     return [Op(v) for v in pc.unique(source["op"]).to_pylist()]
 
 
+def new_messages_only(snap: Snapshot, parts: Sequence[pa.Table], txns: Sequence[tuple[str, int]]) -> bool:
+    """Whether `parts` may commit as an append (``_append_new``), but for the absence of
+    their rows, which ``commit`` checks on the snapshot: every row inserts a newly
+    fanned-out message, exactly the cursor's transaction rides along, and the engine's
+    append commits on the snapshot it was decided on. Reads nothing."""
+    rows = [p for p in parts if p.num_rows]
+    return bool(rows) and len(txns) == 1 and snap.appends_on_snapshot and all(ops_in(p) == [Op.INSERT] for p in rows)
+
+
 def _any_present(snap: Snapshot, source: pa.Table, sub_uids: Sequence[str]) -> bool:
     """Whether any source row's message already has a row in the snapshot (its partition).
 
@@ -196,18 +205,7 @@ def _any_present(snap: Snapshot, source: pa.Table, sub_uids: Sequence[str]) -> b
     cursor's commit (delta-spark records the cursors one commit each) leaves rows past the
     cursor, which the MERGE's insert-if-absent skipped and an append would write twice. Ids
     are time-ordered, so only the newest files (by their message_id range) are opened."""
-    ids = pc.unique(source["message_id"])
-    lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
-
-    def outside(actions: pa.Table) -> pa.Array:
-        return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
-
-    for uid in sub_uids:
-        hit = snap.read_first(1, [("message_id", "ascending")], ["message_id"], partition=uid,
-                              filter=pc.field("message_id").isin(ids), skip_files=outside)
-        if hit.num_rows:
-            return True
-    return False
+    return any(read_by_ids(snap, source["message_id"], ["message_id"], partition=uid).num_rows for uid in sub_uids)
 
 
 def _append_new(snap: Snapshot, source: pa.Table, txn: tuple[str, int]) -> Mapping[str, int]:
@@ -244,7 +242,7 @@ def commit(
         return None
     source = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     _check_pinned(source, sub_uids)
-    if len(txns) == 1 and snap.appends_on_snapshot and ops_in(source) == [Op.INSERT] and not _any_present(snap, source, sub_uids):
+    if new_messages_only(snap, parts, txns) and not _any_present(snap, source, sub_uids):
         return _append_new(snap, source, txns[0])
     metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
     leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0

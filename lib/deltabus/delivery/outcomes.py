@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..storage import Snapshot
+from ..storage.engine import read_by_ids
 from ..policy.ordering import followers
 from ..timestamps import TS, ts_scalar
 from .hooks import DeliveryHooks
@@ -170,17 +171,4 @@ def read_current(snap: Snapshot, sub_uid: str, message_ids: Sequence[str]) -> pa
     if len(ids) == 0:
         return pa.table({"message_id": pa.array([], pa.string()), "delivery_attempt": pa.array([], pa.int32()),
                          "lease_expires": pa.array([], TS)})
-    lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
-
-    def outside(actions: pa.Table) -> pa.Array:
-        if "max.message_id" not in actions.column_names or "min.message_id" not in actions.column_names:
-            return pa.array([False] * actions.num_rows)
-        return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
-
-    # delta-rs's MERGE writes message_id as string_view: a plain isin() filter then fails in
-    # pyarrow's statistics pruning ("greater_equal (string, string_view)", measured with
-    # deltalake 1.6.6); comparing the cast column avoids it. File skipping is by `outside`.
-    return snap.read_first(
-        len(ids), [("message_id", "ascending")], CURRENT_COLUMNS, partition=sub_uid,
-        filter=pc.field("message_id").cast(pa.string()).isin(ids), skip_files=outside,
-    )
+    return read_by_ids(snap, ids, CURRENT_COLUMNS, partition=sub_uid)

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 
 from .. import ackid
 from ..storage import Engine
+from ..storage.engine import read_by_ids
 from ..storage.tables import MESSAGES
 from ..types import PubsubMessage, ReceivedMessage
 from .model import Lease
@@ -22,19 +23,8 @@ def read_payloads(engine: Engine, topic_uid: str, message_ids: pa.Array) -> pa.T
     columns = ["message_id", "data", "attributes", "ordering_key", "publish_time"]
     if len(message_ids) == 0:
         return pa.table({c: pa.array([], MESSAGES.schema.field(c).type) for c in columns})
-    ids = pc.unique(message_ids)
-    lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
-
-    def outside(actions: pa.Table) -> pa.Array:
-        """Files whose message_id range misses [lo, hi] (from the log's statistics)."""
-        return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
-
-    # Opens only the files whose id range overlaps the wanted ids, lowest first, and stops
-    # once all are found: the cost follows the lease count, not the topic's file count.
-    return engine.snapshot(MESSAGES.name).read_first(
-        len(ids), [("message_id", "ascending")], columns, partition=topic_uid,
-        filter=pc.field("message_id").isin(ids), skip_files=outside,
-    )
+    # The cost follows the lease count, not the topic's file count (read_by_ids).
+    return read_by_ids(engine.snapshot(MESSAGES.name), message_ids, columns, partition=topic_uid)
 
 
 def fetch_messages(engine: Engine, topic_uid: str, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

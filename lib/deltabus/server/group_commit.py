@@ -16,9 +16,14 @@ Contract.
   cascade), so a commit conflict reruns the whole round on a fresh snapshot, reading the
   time again.
 - **New messages first.** A round whose leases are all of new messages (fanned out in
-  it, nothing leased again) and that has outcomes too commits twice: the leases as an
-  append (``merge.commit``), whose callers are answered at once (``run_round``'s `early`),
-  then the outcomes' MERGE. Any other round is one commit (``_split`` says why).
+  it, nothing leased again: ``merge.new_messages_only``) and that has outcomes too commits
+  twice: the leases as an append (``merge.commit``), whose callers are answered at once
+  (``run_round``'s `early`), then the outcomes' MERGE. Any other round is one commit.
+  Why (measured, the real client's subscribe() at 500 msg/s against ``deltabus serve``):
+  folded into the outcomes' MERGE, every new message waited for that MERGE (~17 ms of CPU
+  whatever its size) before it was sent; as an append of its own (~3-7 ms) it is sent at
+  once and the acks' MERGE follows. Ids with an outcome are never among new messages (they
+  were delivered before), so the two commits decide nothing of each other.
 - **Deferred deadline changes** (a stream's receipt modacks, answered before they commit)
   start no round: they ride in the next one, or start one after DEFER_SECONDS.
 - **One row per message.** ``policy.round_outcomes.resolve`` keeps one outcome per message
@@ -65,7 +70,7 @@ from ..delivery import dead_letter
 from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 from ..delivery.fanout import from_change_feed
 from ..delivery.hooks import DeliveryHooks, hooks_for
-from ..delivery.merge import commit, ops_in
+from ..delivery.merge import commit, new_messages_only
 from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
@@ -142,7 +147,7 @@ def run_round(
     """Run one round for `asks` (arrival order) on `sub`; return each ask's answer. Blocking.
 
     `early`: called (on this thread) with the lease asks' answers when the round commits its
-    leases before its outcomes (see ``_split``); the returned list has them too."""
+    leases before its outcomes (the module docstring); the returned list has them too."""
     uid = sub.sub_uid
     lease_idx = [i for i, a in enumerate(asks) if isinstance(a, LeaseAsk)]
     out_idx = [i for i, a in enumerate(asks) if isinstance(a, OutcomeAsk)]
@@ -185,8 +190,8 @@ def run_round(
                 txns.extend(chosen_txns)
             elif fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 txns.append((cursor_app_id(uid), fan.end))
-        if winners and snap.appends_on_snapshot and _split(lease_parts, txns):
-            commit(snap, lease_parts, [uid], txns)  # an append: see _split
+        if winners and new_messages_only(snap, lease_parts, txns):  # the leases first, as an append: why below
+            commit(snap, lease_parts, [uid], txns)
             return _Decided(now, leases, assign, None, key, outcomes_left=True)
         parts, applied = _outcome_parts(snap, uid, winners, want, now, policy)
         commit(snap, _merge_cascades(parts + lease_parts), [uid], txns)
@@ -230,19 +235,6 @@ def run_round(
                 for x in a.ids
             ]
     return answers
-
-
-def _split(lease_parts: Sequence[pa.Table], txns: Sequence[tuple[str, int]]) -> bool:
-    """Whether a round commits its leases alone first, then its outcomes: when the leases
-    are new messages only (INSERT rows, committed as an append: ``merge.commit``).
-
-    Why (measured, the real client's subscribe() at 500 msg/s against ``deltabus serve``):
-    folded into the outcomes' MERGE, every new message waited for that MERGE (~17 ms of
-    CPU whatever its size) before it was sent; as an append of its own (~3-7 ms) it is sent
-    at once and the acks' MERGE follows. Ids with an outcome are never among new messages
-    (they were delivered before), so the two commits decide nothing of each other."""
-    rows = [p for p in lease_parts if p.num_rows]
-    return bool(rows) and len(txns) == 1 and all(ops_in(p) == [Op.INSERT] for p in rows)
 
 
 def _payloads(engine: Engine, topic_uid: str, ids: list[str], cache: PayloadCache | None) -> dict[str, dict[str, Any]]:

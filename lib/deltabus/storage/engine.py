@@ -181,6 +181,29 @@ def partition_files(actions: Any, column: str | None, partition: str | None) -> 
     return table
 
 
+def read_by_ids(snap: "Snapshot", ids: Sequence[str] | pa.Array, columns: Sequence[str], partition: str | None = None) -> pa.Table:
+    """The rows (`columns`) whose message_id is one of `ids`, in message-id order, opening
+    only the files whose message_id range (the log's statistics) overlaps the wanted ids,
+    lowest first, and stopping once all are found: the cost follows the ids, not the table.
+
+    The column is compared cast to string: delta-rs's MERGE writes message_id as
+    string_view, and a plain isin() then fails in pyarrow's statistics pruning
+    ("greater_equal (string, string_view)", measured with deltalake 1.6.6). `ids` must not
+    be empty (callers answer that case with their own empty table)."""
+    wanted = pc.unique(ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(list(ids), pa.string()))
+    lo, hi = pc.min(wanted).as_py(), pc.max(wanted).as_py()
+
+    def outside(actions: pa.Table) -> pa.Array:
+        if "max.message_id" not in actions.column_names or "min.message_id" not in actions.column_names:
+            return pa.array([False] * actions.num_rows)
+        return pc.or_(pc.less(actions["max.message_id"], lo), pc.greater(actions["min.message_id"], hi))
+
+    return snap.read_first(
+        len(wanted), [("message_id", "ascending")], columns, partition=partition,
+        filter=pc.field("message_id").cast(pa.string()).isin(wanted), skip_files=outside,
+    )
+
+
 def first_rows(table: pa.Table, limit: int, sort_keys: Sequence[tuple[str, str]]) -> pa.Table:
     """The first `limit` rows of `table` in `sort_keys` order."""
     if table.num_rows == 0:
