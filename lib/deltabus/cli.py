@@ -542,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
             text = flag.update_help if update else flag.create_help
             if flag.collect == "pairs":
                 q.add_argument(flag.flag, action="append", metavar=flag.metavar, help=text)
+            elif flag.collect == "switch" and update:  # --x / --no-x: an update may turn it off
+                q.add_argument(flag.flag, action=argparse.BooleanOptionalAction, default=None, help=text)
             elif flag.collect == "switch":
                 q.add_argument(flag.flag, action="store_const", const=True, help=text)
             elif flag.parse is not None:

@@ -1,4 +1,4 @@
-"""Resource names: projects/P/topics/T and projects/P/subscriptions/S."""
+"""Resource names: projects/P/topics/T, projects/P/subscriptions/S and projects/P/snapshots/N."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ DELETED_TOPIC = "_deleted-topic_"
 
 class ResourceName(NamedTuple):
     project: str
-    collection: str  # "topics" or "subscriptions"
+    collection: str  # "topics", "subscriptions" or "snapshots"
     resource_id: str
 
     def __str__(self) -> str:
@@ -49,6 +49,12 @@ def subscription_path(project: str, subscription: str) -> str:
     return f"projects/{project}/subscriptions/{subscription}"
 
 
+def snapshot_path(project: str, snapshot: str) -> str:
+    _check_project(project, "project")
+    _check_id(snapshot, "snapshot")
+    return f"projects/{project}/snapshots/{snapshot}"
+
+
 def parse(name: object, collection: str, field: str) -> ResourceName:
     """Parse and validate a full resource name; raise InvalidArgument naming `field`."""
     if not isinstance(name, str):
@@ -67,6 +73,10 @@ def parse_topic(name: object, field: str = "topic") -> ResourceName:
 
 def parse_subscription(name: object, field: str = "subscription") -> ResourceName:
     return parse(name, "subscriptions", field)
+
+
+def parse_snapshot(name: object, field: str = "snapshot") -> ResourceName:
+    return parse(name, "snapshots", field)
 
 
 def parse_project(project: object, field: str = "project") -> str:

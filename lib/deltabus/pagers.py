@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 from .types import (
+    ListSnapshotsResponse,
     ListSubscriptionsResponse,
     ListTopicsResponse,
     ListTopicSubscriptionsResponse,
+    Snapshot,
     Subscription,
     Topic,
 )
@@ -73,3 +75,7 @@ class ListSubscriptionsPager(_Pager[ListSubscriptionsResponse, Subscription]):
 
 class ListTopicSubscriptionsPager(_Pager[ListTopicSubscriptionsResponse, str]):
     _items_field = "subscriptions"
+
+
+class ListSnapshotsPager(_Pager[ListSnapshotsResponse, Snapshot]):
+    _items_field = "snapshots"

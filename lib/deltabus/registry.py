@@ -34,9 +34,21 @@ class TopicRecord:
     topic_uid: str
     labels: Mapping[str, str] = field(default_factory=dict)
     create_time: dt.datetime | None = None
+    message_retention_duration: float | None = None  # seconds; None: no topic retention
 
     def public(self) -> Topic:
-        return Topic(name=self.name, labels=dict(self.labels))
+        return Topic(name=self.name, labels=dict(self.labels), message_retention_duration=self.message_retention_duration)
+
+
+def _topic_row(rec: TopicRecord) -> dict[str, Any]:
+    return {
+        "name": rec.name, "topic_uid": rec.topic_uid, "labels": list(rec.labels.items()), "create_time": rec.create_time,
+        "message_retention_duration": rec.message_retention_duration,
+    }
+
+
+def _topic_from_row(r: Mapping[str, Any]) -> TopicRecord:
+    return TopicRecord(r["name"], r["topic_uid"], dict(r.get("labels") or []), r.get("create_time"), r.get("message_retention_duration"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,10 +105,7 @@ class Registry:
         return parsed
 
     def topics(self) -> dict[str, TopicRecord]:
-        return self._load(
-            TOPICS.name,
-            lambda r: TopicRecord(r["name"], r["topic_uid"], dict(r.get("labels") or []), r.get("create_time")),
-        )
+        return self._load(TOPICS.name, _topic_from_row)
 
     def subscriptions(self) -> dict[str, SubscriptionRecord]:
         return self._load(SUBSCRIPTIONS.name, _sub_from_row)
@@ -138,26 +147,30 @@ class Registry:
 
         self._engine.transact(table, fn, what=f"delete {kind} {name}")
 
-    def create_topic(self, name: str, labels: Mapping[str, str]) -> TopicRecord:
-        rec = TopicRecord(name, new_uid("t"), dict(labels), utc(self._clock()))
-        row = {"name": rec.name, "topic_uid": rec.topic_uid, "labels": list(rec.labels.items()), "create_time": rec.create_time}
-        self._insert_unique(TOPICS.name, TOPICS.schema, "topic", row)
+    def create_topic(self, name: str, labels: Mapping[str, str], retention: float | None = None) -> TopicRecord:
+        """Register a topic (labels and retention validated by the caller)."""
+        rec = TopicRecord(name, new_uid("t"), dict(labels), utc(self._clock()), retention)
+        self._insert_unique(TOPICS.name, TOPICS.schema, "topic", _topic_row(rec))
         return rec
 
-    def update_topic_labels(self, name: str, labels: Mapping[str, str]) -> TopicRecord:
-        """Replace a live topic's labels (validated by the caller); its uid and messages stay.
-        Raises NotFound when the topic is gone."""
-        rec = replace(self.topic(name), labels=dict(labels))
-        source = pa.table({"name": [rec.name], "topic_uid": [rec.topic_uid]}).append_column(
-            "labels", pa.array([list(rec.labels.items())], TOPICS.schema.field("labels").type)
-        )
+    def update_topic(self, name: str, changes: Mapping[str, Any]) -> TopicRecord:
+        """Change a live topic's ``labels`` and/or ``message_retention_duration`` (the keys of
+        `changes`, validated by the caller); its uid and messages stay. NotFound when it is gone."""
+        unknown = set(changes) - {"labels", "message_retention_duration"}
+        if unknown:
+            raise ValueError(f"update_topic: cannot change {sorted(unknown)}")
+        values: dict[str, Any] = {k: dict(v) if k == "labels" else v for k, v in changes.items()}
+        rec = replace(self.topic(name), **values)
+        source = pa.Table.from_pylist([_topic_row(rec)], schema=TOPICS.schema)
+        sets = {k: f"s.{k}" for k in changes}
 
         def fn(snap: Any) -> None:
-            m = snap.merge(source, "t.name = s.name AND t.topic_uid = s.topic_uid", [MatchedUpdate({"labels": "s.labels"})])
+            m = snap.merge(source, "t.name = s.name AND t.topic_uid = s.topic_uid", [MatchedUpdate(sets)])
             if not m.get("num_target_rows_updated"):
                 raise NotFound("topic", name)
 
-        self._engine.transact(TOPICS.name, fn, what=f"update topic {name}")
+        if sets:
+            self._engine.transact(TOPICS.name, fn, what=f"update topic {name}")
         return rec
 
     def delete_topic(self, name: str) -> None:

@@ -52,6 +52,7 @@ from .types import (
     Subscription,
     validate_ack_deadline,
     validate_labels,
+    validate_subscription_retention,
 )
 
 __all__ = [
@@ -85,7 +86,7 @@ class CliFlag:
 
     ``collect``: ``"one"`` is a single value parsed by ``parse`` (argparse's ``type``);
     ``"pairs"`` is a repeatable ``KEY=VALUE`` flag giving a dict; ``"switch"`` takes no
-    value and sets the (boolean) field to True. On update, giving the flag puts the field
+    value and sets the (boolean) field to True (on update it has a ``--no-`` form too). On update, giving the flag puts the field
     in the update mask."""
 
     flag: str
@@ -290,6 +291,24 @@ def _expiration_from_row(row: Mapping[str, Any]) -> ExpirationPolicy:
     return ExpirationPolicy(row["ttl"])
 
 
+def parse_duration(text: str) -> float:
+    """A CLI duration: seconds, or a number with s/m/h/d (``10m``, ``36h``, ``7d``). The
+    range is the field's validator's to check; a value that is no duration is argparse's error."""
+    import argparse
+
+    value = text.strip().lower()
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+    scale = units.get(value[-1:])
+    try:
+        return float(value[:-1] if scale is not None else value) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a duration such as 7d, 36h, 10m or 600, got {text!r}") from None
+
+
+def _retention(value: Any, path: str) -> float:
+    return validate_subscription_retention(value, path)
+
+
 def parse_ttl(text: str) -> dict[str, float | None]:
     """The CLI's --ttl as the field's request value: ``never``, or a duration (seconds, or a
     number with s/m/h/d). The range is the field's validator's to check (its error names
@@ -392,6 +411,21 @@ COLUMNS: tuple[SubscriptionField, ...] = (
     # When the subscription was last used (pull, ack, deadline change, push), recorded at
     # most once an hour per process (``activity.ActivityRecorder``); null: not since created.
     SubscriptionField("last_active", TS, since=4, public=False, settable=False),
+    # Version 5 (issue 15): retention, for seek. Unacked messages older than the retention
+    # are dropped by maintenance; with retain_acked_messages, acked ones stay that long too
+    # and a seek back in time delivers them again. A null (an older row) reads as the default.
+    SubscriptionField(
+        "message_retention_duration", pa.float64(), since=5, updatable=True,
+        default=lambda: validate_subscription_retention(None), validate=_retention,
+        cli=CliFlag("--retention", "DURATION", create_help="keep messages this long for seek: 10m..7d (default 7d)",
+                    update_help="10m..7d", parse=parse_duration),
+    ),
+    SubscriptionField(
+        "retain_acked_messages", pa.bool_(), since=5, updatable=True, default=lambda: False, validate=_boolean,
+        from_row=bool,
+        cli=CliFlag("--retain-acked", "", create_help="keep acked messages too, so a seek back in time replays them",
+                    update_help="keep acked messages too (--no-retain-acked: no longer)", collect="switch"),
+    ),
 )
 
 BY_NAME: dict[str, SubscriptionField] = {c.name: c for c in COLUMNS}

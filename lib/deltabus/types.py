@@ -30,6 +30,9 @@ __all__ = [
     "ListSubscriptionsResponse",
     "ListTopicSubscriptionsResponse",
     "DetachSubscriptionResponse",
+    "Snapshot",
+    "ListSnapshotsResponse",
+    "SeekResponse",
 ]
 
 MIN_ACK_DEADLINE = 10
@@ -70,8 +73,13 @@ class PullResponse:
 
 @dataclass(frozen=True, slots=True)
 class Topic:
+    """A topic. ``message_retention_duration`` (seconds, 10 minutes..31 days; None: none)
+    keeps every message, acked or not, that long, so that any subscription of the topic can
+    seek back that far, even to before it was created (issue 15)."""
+
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    message_retention_duration: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +349,98 @@ class ExpirationPolicy:
         return cls(ttl=_only(value, {"ttl"}, field_name).get("ttl"))
 
 
+# -- retention, seek and snapshots (issue 15) -----------------------------------------------------
+MIN_RETENTION = 600.0
+MAX_SUBSCRIPTION_RETENTION = 7 * DAY
+DEFAULT_SUBSCRIPTION_RETENTION = 7 * DAY
+MAX_TOPIC_RETENTION = 31 * DAY
+# A snapshot lives at most this long, and less when its oldest unacked message is older:
+# it ends when that message would be 7 days old (Pub/Sub's rule).
+SNAPSHOT_LIFETIME = 7 * DAY
+
+
+def validate_subscription_retention(value: object, field_name: str = "message_retention_duration") -> float:
+    """A subscription's message_retention_duration in seconds: 10 minutes..7 days; None
+    (not given) is the default, 7 days."""
+    if value is None:
+        return DEFAULT_SUBSCRIPTION_RETENTION
+    seconds = duration_seconds(value, field_name)
+    if not MIN_RETENTION <= seconds <= MAX_SUBSCRIPTION_RETENTION:
+        raise InvalidArgument(field_name, f"must be 10 minutes..7 days (600..604800 seconds), got {_show(seconds)} seconds")
+    return seconds
+
+
+def validate_topic_retention(value: object, field_name: str = "message_retention_duration") -> float | None:
+    """A topic's message_retention_duration in seconds: 10 minutes..31 days, or None (or 0,
+    as an unset protobuf Duration reads): no topic retention."""
+    if value is None:
+        return None
+    seconds = duration_seconds(value, field_name)
+    if seconds == 0:
+        return None
+    if not MIN_RETENTION <= seconds <= MAX_TOPIC_RETENTION:
+        raise InvalidArgument(field_name, f"must be 10 minutes..31 days (600..2678400 seconds) or unset, got {_show(seconds)} seconds")
+    return seconds
+
+
+def timestamp_seconds(value: object, field_name: str) -> float:
+    """A point in time as seconds since the epoch, from what a google-cloud-pubsub user may
+    pass: a ``datetime`` (naive ones are UTC, as proto-plus reads them), a number of seconds,
+    an RFC 3339 string (``"2026-11-26T12:00:00Z"``), or a protobuf ``Timestamp`` (``seconds``
+    and ``nanos``, an object or a dict). Raises InvalidArgument naming ``field_name``."""
+    if isinstance(value, bool):
+        raise InvalidArgument(field_name, f"must be a time, got {value!r}")
+    if isinstance(value, _dt.datetime):
+        when = value if value.tzinfo is not None else value.replace(tzinfo=_dt.timezone.utc)
+        return when.timestamp()
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            parsed = _dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+        except ValueError:
+            raise InvalidArgument(field_name, f"must be an RFC 3339 time such as 2026-11-26T12:00:00Z, got {value!r}") from None
+        return timestamp_seconds(parsed, field_name)
+    elif isinstance(value, Mapping) or (hasattr(value, "seconds") and hasattr(value, "nanos")):
+        parts = dict(value) if isinstance(value, Mapping) else {"seconds": getattr(value, "seconds"), "nanos": getattr(value, "nanos")}
+        whole, nanos = parts.get("seconds", 0) or 0, parts.get("nanos", 0) or 0
+        if set(parts) - {"seconds", "nanos"} or not isinstance(whole, int) or not isinstance(nanos, int):
+            raise InvalidArgument(field_name, f"a timestamp has integer seconds and nanos, got {value!r}")
+        seconds = whole + nanos / 1e9
+    else:
+        raise InvalidArgument(field_name, f"must be a datetime, seconds since the epoch or an RFC 3339 string, got {type(value).__name__}")
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field_name, f"must be a finite time, got {value!r}")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A snapshot of a subscription (Pub/Sub's ``Snapshot``): the messages unacked in it when
+    the snapshot was taken, and every message of ``topic`` published after. Seeking a
+    subscription of the same topic to it makes exactly those unacked. ``expire_time``: when
+    ``deltabus maintenance`` deletes it (``SNAPSHOT_LIFETIME``)."""
+
+    name: str
+    topic: str
+    expire_time: _dt.datetime | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ListSnapshotsResponse:
+    """One page of ``list_snapshots``."""
+
+    snapshots: list[Snapshot] = field(default_factory=list)
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SeekResponse:
+    """What ``seek`` returns: nothing, as Pub/Sub's empty response."""
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterPolicy:
     """Where a message goes once it has been delivered ``max_delivery_attempts`` times without
@@ -390,6 +490,8 @@ class Subscription:
     ``detached`` (issue 14) is True once ``PublisherClient.detach_subscription`` ran: the
     subscription stays, with no backlog, and refuses pull, acks and deadline changes.
     ``expiration_policy`` (issue 15): unused that long, maintenance deletes it.
+    ``message_retention_duration`` and ``retain_acked_messages`` (issue 15): how far back
+    ``seek`` can replay, and whether acked messages come back too.
     ``subscription_fields.COLUMNS`` declares every field's rules; a test checks this class
     against it."""
 
@@ -404,6 +506,10 @@ class Subscription:
     filter: str = ""
     detached: bool = False  # set only by detach_subscription (output only, as in Pub/Sub)
     expiration_policy: ExpirationPolicy = field(default_factory=ExpirationPolicy)
+    # Issue 15: how long unacked messages (and acked ones, with retain_acked_messages) are
+    # kept for seek; seconds, 10 minutes..7 days.
+    message_retention_duration: float = DEFAULT_SUBSCRIPTION_RETENTION
+    retain_acked_messages: bool = False
 
     @classmethod
     def coerce(cls, value: "Subscription | Mapping[str, Any]") -> "Subscription":

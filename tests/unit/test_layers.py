@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("storage", ("storage",)),
-    ("domain", ("registry", "delivery", "backlog", "activity")),
+    ("domain", ("registry", "snapshots", "delivery", "backlog", "activity")),
     ("spark", ("spark",)),
     ("paths", ("publisher", "subscriber", "push", "retention", "_common")),
     ("server", ("server",)),  # `deltabus serve` (issue 14): the gRPC services over the clients

@@ -59,13 +59,26 @@ def test_create_values_of_every_supported_field() -> None:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("enable_exactly_once_delivery", True), ("retain_acked_messages", True),
-     ("message_retention_duration", dt.timedelta(days=1))],
+    [("enable_exactly_once_delivery", True), ("bigquery_config", pb.BigQueryConfig(table="p.d.t"))],
 )
 def test_an_unsupported_subscription_field_is_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(InvalidArgument) as e:
         convert.subscription_values(pb.Subscription(name=S, topic=T, **{field: value}))
     assert e.value.field == f"subscription.{field}" and "not supported" in e.value.rule
+
+
+def test_retention_fields_convert_both_ways() -> None:
+    v = convert.subscription_values(
+        pb.Subscription(name=S, topic=T, retain_acked_messages=True, message_retention_duration=dt.timedelta(hours=2))
+    )
+    assert v["retain_acked_messages"] is True and v["message_retention_duration"] == 7200.0
+    assert "message_retention_duration" not in convert.subscription_values(pb.Subscription(name=S, topic=T))
+    out = convert.subscription_to_proto(Subscription(name=S, topic=T, message_retention_duration=7200.0, retain_acked_messages=True))
+    assert out.retain_acked_messages and out.message_retention_duration == dt.timedelta(hours=2)
+    topic = convert.topic_request(pb.Topic(name=T, message_retention_duration=dt.timedelta(days=2)))
+    assert topic["message_retention_duration"] == 2 * 86400.0
+    assert "message_retention_duration" not in convert.topic_request(pb.Topic(name=T))
+    assert convert.topic_to_proto(Topic(name=T, message_retention_duration=600.0)).message_retention_duration == dt.timedelta(minutes=10)
 
 
 def test_a_subscription_is_not_created_detached() -> None:

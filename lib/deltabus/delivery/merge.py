@@ -50,6 +50,11 @@ NACKED_MAX_US = 1
 # after it and an ack of the ended delivery may not take it out of that order.
 CASCADED_US = NACKED_MAX_US
 CASCADED_SQL = NACKED_SQL
+# lease_expires of a row a seek kept (issue 15): the same mark, for the same reasons. The
+# message is due at once, and an ack, nack or extension of a delivery made before the seek
+# no longer applies to it (so an in-flight push or pull answered after the seek cannot take
+# a replayed message out of the replay).
+SEEK_STALE_US = CASCADED_US
 
 
 def delayed_nack_us(due_us: pa.Array) -> pa.Array:
@@ -102,6 +107,14 @@ OPS_CLAUSES: Mapping[Op, Clause] = {
     Op.LEASE: MatchedUpdate(
         {"delivery_attempt": "s.delivery_attempt", "lease_expires": "s.lease_expires"},
         when=f"s.op = '{Op.LEASE.value}' AND t.delivery_attempt = s.delivery_attempt - 1 AND {_UNMARKED}",
+    ),
+    # Seek (issue 15): every unmarked row of the partition is either dropped (it counts as
+    # acked) or kept and made due at once with the stale mark (``SEEK_STALE_US``), whatever
+    # delivery holds it: a seek replaces the unacked set, it answers no delivery.
+    Op.SEEK_DROP: MatchedDelete(when=f"s.op = '{Op.SEEK_DROP.value}' AND {_UNMARKED}"),
+    Op.SEEK_KEEP: MatchedUpdate(
+        {"message_version": "s.message_version", "lease_expires": "s.lease_expires"},
+        when=f"s.op = '{Op.SEEK_KEEP.value}' AND {_UNMARKED}",
     ),
     Op.INSERT: NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when=f"s.op = '{Op.INSERT.value}'"),
 }

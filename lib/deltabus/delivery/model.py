@@ -22,6 +22,9 @@ class Op(str, Enum):
     DEADLINE = "deadline"  # move the deadline of a current, not-nacked delivery
     GIVE_UP = "give_up"  # the attempt limit was reached: the row leaves (dead-letter, issue 13)
     CASCADE = "cascade"  # ordering keys: an earlier message of the key came back; this lease ends too
+    # Seek (issue 15, ``delivery/seek``): the subscription's unacked set is replaced.
+    SEEK_DROP = "seek_drop"  # the message now counts as acked: the row goes, whatever its attempt
+    SEEK_KEEP = "seek_keep"  # the message stays unacked and is due at once; earlier ack ids are stale
 
 
 class OutcomeKind(str, Enum):

@@ -23,7 +23,11 @@ from ..types import (
     PubsubMessage,
     Topic,
     validate_labels,
+    validate_topic_retention,
 )
+
+# The Topic fields update_topic may change (as Pub/Sub's UpdateTopic, of those deltabus has).
+UPDATABLE_TOPIC_FIELDS = ("labels", "message_retention_duration")
 from ..validation import check_message
 from .batcher import Batcher
 
@@ -80,11 +84,53 @@ class PublisherClient(ClientBase):
     # -- topics ------------------------------------------------------------
     @refused_when_closed
     def create_topic(self, request: Mapping[str, Any] | None = None, *, name: str | None = None, labels: Mapping[str, str] | None = None) -> Topic:
-        f = fields("create_topic", request, {"name", "labels"}, name=name, labels=labels)
+        """Create a topic. ``request`` may also carry ``message_retention_duration`` (10
+        minutes..31 days): every message is kept that long, acked or not, for seek."""
+        f = fields("create_topic", request, {"name", "labels", "message_retention_duration"}, name=name, labels=labels)
         topic = str(names.parse_topic(required(f, "name", "create_topic"), "name"))
         lbls = validate_labels(f.get("labels"))
+        retention = validate_topic_retention(f.get("message_retention_duration"))
         _, registry = self._open(create=True)  # creating a topic may create the warehouse
-        return registry.create_topic(topic, lbls).public()
+        return registry.create_topic(topic, lbls, retention).public()
+
+    @refused_when_closed
+    def update_topic(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        topic: Topic | Mapping[str, Any] | None = None,
+        update_mask: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    ) -> Topic:
+        """Change the topic's fields named in update_mask: ``labels`` and
+        ``message_retention_duration`` (unset or 0 in the topic: no retention)."""
+        f = fields("update_topic", request, {"topic", "update_mask"}, topic=topic, update_mask=update_mask)
+        raw = required(f, "topic", "update_topic")
+        mask = required(f, "update_mask", "update_topic")
+        if isinstance(mask, Mapping):
+            mask = mask.get("paths", [])
+        if isinstance(mask, str) or not isinstance(mask, Iterable):
+            raise InvalidArgument("update_mask", "must be a list of field paths")
+        paths = list(mask)
+        if not paths:
+            raise InvalidArgument("update_mask", f"name at least one field to update: {sorted(UPDATABLE_TOPIC_FIELDS)}")
+        bad = [p for p in paths if p not in UPDATABLE_TOPIC_FIELDS]
+        if bad:
+            raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {sorted(UPDATABLE_TOPIC_FIELDS)}")
+        if isinstance(raw, Topic):
+            values: dict[str, Any] = {"name": raw.name, **{p: getattr(raw, p) for p in paths}}
+        elif isinstance(raw, Mapping):
+            values = {"name": raw.get("name"), **{p: raw.get(p) for p in paths}}
+        else:
+            raise InvalidArgument("topic", f"must be a Topic or a dict, got {type(raw).__name__}")
+        name = str(names.parse_topic(values["name"], "topic.name"))
+        changes: dict[str, Any] = {}
+        if "labels" in paths:
+            changes["labels"] = validate_labels(values["labels"] or {}, "topic.labels")
+        if "message_retention_duration" in paths:
+            changes["message_retention_duration"] = validate_topic_retention(
+                values["message_retention_duration"], "topic.message_retention_duration"
+            )
+        return self._registry.update_topic(name, changes).public()
 
     @refused_when_closed
     def get_topic(self, request: Mapping[str, Any] | None = None, *, topic: str | None = None) -> Topic:

@@ -5,8 +5,8 @@ validation runs unchanged and errors name the API's fields. Proto3 leaves a fiel
 never set at its default, so "given" means *set to a non-default value* (``set_fields``);
 that is how Pub/Sub reads a request too (ack_deadline_seconds 0 is the default, 10 s).
 
-A field deltabus does not implement (exactly-once, BigQuery/Cloud Storage export, message
-retention, KMS, schemas, ...) is refused with INVALID_ARGUMENT naming it when set, rather
+A field deltabus does not implement (exactly-once, BigQuery/Cloud Storage export, KMS,
+schemas, ...) is refused with INVALID_ARGUMENT naming it when set, rather
 than dropped: a program that asks for a feature must not believe it has it. Output-only
 fields (``state``, ``satisfies_pzs``, ...) are ignored.
 
@@ -26,11 +26,11 @@ from ..errors import InvalidArgument
 from ..types import PushConfig, Subscription, Topic
 
 # Fields of the protos deltabus implements; the rest is refused when set.
-TOPIC_FIELDS = frozenset({"name", "labels"})
+TOPIC_FIELDS = frozenset({"name", "labels", "message_retention_duration"})
 TOPIC_OUTPUT_ONLY = frozenset({"state", "satisfies_pzs"})
 SUBSCRIPTION_FIELDS = frozenset(
     {"name", "topic", "push_config", "ack_deadline_seconds", "labels", "enable_message_ordering", "filter",
-     "dead_letter_policy", "retry_policy", "expiration_policy"}
+     "dead_letter_policy", "retry_policy", "expiration_policy", "message_retention_duration", "retain_acked_messages"}
 )
 SUBSCRIPTION_OUTPUT_ONLY = frozenset({"state", "topic_message_retention_duration", "analytics_hub_subscription_info"})
 PUSH_CONFIG_FIELDS = frozenset({"push_endpoint", "attributes", "oidc_token", "pubsub_wrapper", "no_wrapper"})
@@ -81,13 +81,20 @@ def _seconds(d: dt.timedelta) -> float:
 
 # -- topics -------------------------------------------------------------------------------
 def topic_to_proto(topic: Topic) -> pb.Topic:
-    return pb.Topic(name=topic.name, labels=dict(topic.labels))
+    extra: dict[str, Any] = {}
+    if topic.message_retention_duration is not None:
+        extra["message_retention_duration"] = dt.timedelta(seconds=topic.message_retention_duration)
+    return pb.Topic(name=topic.name, labels=dict(topic.labels), **extra)
 
 
 def topic_request(topic: pb.Topic, where: str = "topic") -> dict[str, Any]:
-    """The create_topic request dict of a Topic (name, labels)."""
+    """The create_topic request dict of a Topic (name, labels, message_retention_duration
+    when set: unset is no topic retention)."""
     refuse_unsupported(topic, TOPIC_FIELDS, TOPIC_OUTPUT_ONLY, where)
-    return {"name": topic.name, "labels": dict(topic.labels)}
+    out: dict[str, Any] = {"name": topic.name, "labels": dict(topic.labels)}
+    if "message_retention_duration" in set_fields(topic):
+        out["message_retention_duration"] = _seconds(getattr(topic, "message_retention_duration"))
+    return out
 
 
 # -- push config ---------------------------------------------------------------------------
@@ -157,6 +164,8 @@ def subscription_values(sub: pb.Subscription, paths: Iterable[str] | None = None
                 out[name] = {"ttl": _seconds(getattr(sub.expiration_policy, "ttl")) if ttl else None}  # a timedelta (proto-plus)
             else:
                 out[name] = None
+        elif name == "message_retention_duration":  # unset: the default, 7 days
+            out[name] = _seconds(getattr(sub, name)) if name in given else None
         elif name == "labels":
             out[name] = dict(sub.labels)
         elif name == "ack_deadline_seconds":
@@ -178,6 +187,8 @@ def subscription_to_proto(sub: Subscription) -> pb.Subscription:
         filter=sub.filter,
         detached=sub.detached,
         state=pb.Subscription.State.ACTIVE,
+        message_retention_duration=dt.timedelta(seconds=sub.message_retention_duration),
+        retain_acked_messages=sub.retain_acked_messages,
     )
     if sub.retry_policy is not None:
         out.retry_policy = pb.RetryPolicy(

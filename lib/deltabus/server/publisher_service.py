@@ -32,13 +32,12 @@ from .. import names
 from ..errors import InvalidArgument
 from ..publisher.rows import OutgoingMessage
 from ..validation import check_message
-from ..types import validate_labels
+from ..publisher.client import UPDATABLE_TOPIC_FIELDS
 from . import convert, streaming
 from .calls import rpc
 from .state import ServerState
 
 Context = grpc.aio.ServicerContext[Any, Any]
-UPDATABLE_TOPIC_FIELDS = ("labels",)
 
 
 def page_request(project_or_name: tuple[str, str], page_size: int, page_token: str) -> dict[str, Any]:
@@ -67,10 +66,9 @@ class PublisherService:
         bad = [p for p in paths if p not in UPDATABLE_TOPIC_FIELDS]
         if bad:
             raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {list(UPDATABLE_TOPIC_FIELDS)}")
-        name = str(names.parse_topic(request.topic.name, "topic.name"))
-        labels = validate_labels(dict(request.topic.labels), "topic.labels")
-        rec = await self.state.run(self.state.registry.update_topic_labels, name, labels)
-        return convert.topic_to_proto(rec.public())
+        body = {"name": request.topic.name, **convert.topic_request(request.topic)}
+        topic = await self.state.run(self.state.publisher.update_topic, topic=body, update_mask=paths)
+        return convert.topic_to_proto(topic)
 
     @rpc
     async def Publish(self, request: pb.PublishRequest, context: Context) -> pb.PublishResponse:

@@ -60,6 +60,8 @@ __all__ = [
     "DELIVERIES",
     "BACKLOG",
     "BACKLOG_HISTORY",
+    "SNAPSHOTS",
+    "SNAPSHOT_MESSAGES",
     "ALL",
     "BY_NAME",
 ]
@@ -171,6 +173,8 @@ TOPICS = TableSpec(
             pa.field("labels", STR_MAP),
             pa.field("create_time", TS),
         ),
+        # Version 2 (issue 15): the topic's message retention in seconds (null: none).
+        (pa.field("message_retention_duration", pa.float64()),),
     ),
 )
 
@@ -266,5 +270,46 @@ BACKLOG = TableSpec("backlog", _BACKLOG_LAYERS)
 # Every backlog write is also appended here: the backlog over time, for charts and alerts.
 BACKLOG_HISTORY = TableSpec("backlog_history", _BACKLOG_LAYERS)
 
-ALL = (TOPICS, SUBSCRIPTIONS, MESSAGES, DELIVERIES, BACKLOG, BACKLOG_HISTORY)
+# Snapshots (issue 15): one row per live snapshot. ``cursor_version``: the source
+# subscription's fan-out cursor when it was taken; every message of the topic committed
+# after it is part of the snapshot, so vacuum keeps the messages history from there
+# (``retention``). ``oldest_publish_time``: of its unacked messages (null: none).
+SNAPSHOTS = TableSpec(
+    "snapshots",
+    (
+        (
+            pa.field("name", pa.string(), nullable=False),
+            pa.field("snapshot_uid", pa.string(), nullable=False),
+            pa.field("topic", pa.string()),
+            pa.field("topic_uid", pa.string()),
+            pa.field("subscription", pa.string()),
+            pa.field("cursor_version", pa.int64()),
+            pa.field("labels", STR_MAP),
+            pa.field("create_time", TS),
+            pa.field("expire_time", TS),
+            pa.field("oldest_publish_time", TS),
+        ),
+    ),
+)
+
+# The messages unacked in the source subscription when a snapshot was taken: the keys a
+# deliveries row holds, one partition per snapshot. Written (appended) before the snapshot's
+# registry row and deleted after it, so a registry row always has its messages; a
+# partition with no registry row is a crash's leftover, which maintenance deletes.
+SNAPSHOT_MESSAGES = TableSpec(
+    "snapshot_messages",
+    (
+        (
+            pa.field("snapshot_uid", pa.string(), nullable=False),
+            pa.field("message_id", pa.string(), nullable=False),
+            pa.field("message_version", pa.int64()),
+            pa.field("publish_time", TS),
+            pa.field("ordering_key", pa.string()),
+            pa.field("size_bytes", pa.int64()),
+        ),
+    ),
+    partition_by=("snapshot_uid",),
+)
+
+ALL = (TOPICS, SUBSCRIPTIONS, MESSAGES, DELIVERIES, BACKLOG, BACKLOG_HISTORY, SNAPSHOTS, SNAPSHOT_MESSAGES)
 BY_NAME = {t.name: t for t in ALL}

@@ -19,17 +19,24 @@ from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, required
 from ..errors import ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached
-from ..pagers import ListSubscriptionsPager
+from ..delivery import seek as seeking
+from ..pagers import ListSnapshotsPager, ListSubscriptionsPager
+from ..snapshots import Snapshots
 from ..registry import SubscriptionRecord
 from ..validation import endpoint_scheme
 from ..types import (
     MAX_ACK_DEADLINE,
     FlowControl,
+    ListSnapshotsResponse,
     ListSubscriptionsResponse,
     PullResponse,
     PushConfig,
     ReceivedMessage,
+    SeekResponse,
+    Snapshot,
     Subscription,
+    timestamp_seconds,
+    validate_labels,
 )
 from .message import Message
 from .streaming_pull import StreamingPullManager
@@ -65,9 +72,11 @@ class SubscriberClient(ClientBase):
         self._streams: list[StreamingPullManager] = []
         self._streams_lock = threading.Lock()
         self._activity: ActivityRecorder | None = None  # for expiration policies; made on first use (the warehouse opens lazily)
+        self._snapshot_registry: tuple[Any, Snapshots] | None = None  # (engine, registry), made on first use
 
     subscription_path = staticmethod(names.subscription_path)
     topic_path = staticmethod(names.topic_path)
+    snapshot_path = staticmethod(names.snapshot_path)
 
     # -- validation helpers ------------------------------------------------------
     def _check_push(self, push: PushConfig) -> PushConfig:
@@ -220,6 +229,142 @@ class SubscriberClient(ClientBase):
         f = fields("delete_subscription", request, {"subscription"}, subscription=subscription)
         name = str(names.parse_subscription(required(f, "subscription", "delete_subscription")))
         self._registry.delete_subscription(name)
+
+    # -- seek and snapshots (issue 15) ------------------------------------------------
+    @property
+    def _snapshots(self) -> Snapshots:
+        made = self._snapshot_registry
+        if made is None or made[0] is not self._engine:
+            made = (self._engine, Snapshots(self._engine, clock=self._clock))
+            self._snapshot_registry = made
+        return made[1]
+
+    def _snapshot_name(self, value: Any, field: str = "snapshot") -> str:
+        return str(names.parse_snapshot(value, field))
+
+    @refused_when_closed
+    def seek(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        subscription: str | None = None,
+        time: Any = None,
+        snapshot: str | None = None,
+    ) -> SeekResponse:
+        """Seek a subscription to a time or to a snapshot (Pub/Sub's ``Seek``; the request
+        names ``subscription`` and exactly one of ``time`` and ``snapshot``).
+
+        To a time: messages published before it count as acked; those published at or after
+        it are unacked: the ones unacked now, and the acked ones that retention keeps (the
+        topic's ``message_retention_duration``, or the subscription's with
+        ``retain_acked_messages``). To a snapshot of the same topic: unacked are exactly the
+        messages unacked when it was taken and every message published after.
+        Outstanding leases end: those messages are delivered again, and acks of deliveries
+        made before the seek no longer apply. See README "Seek and snapshots"."""
+        f = fields("seek", request, {"subscription", "time", "snapshot"}, subscription=subscription, time=time, snapshot=snapshot)
+        rec = self._sub(required(f, "subscription", "seek"))
+        when, snapshot = f.get("time"), f.get("snapshot")
+        if (when is None) == (snapshot in (None, "")):
+            raise InvalidArgument("seek", "give exactly one of time and snapshot")
+        if when is not None:
+            at = timestamp_seconds(when, "time")
+            topics = self._registry.topics()
+            topic = next((t for t in topics.values() if t.topic_uid == rec.topic_uid), None)
+            seeking.seek_to_time(self._engine, rec, at, topic=topic, clock=self._clock)
+        else:
+            snap = self._snapshots.get(self._snapshot_name(snapshot))
+            seeking.seek_to_snapshot(self._engine, rec, snap, self._snapshots.messages(snap), clock=self._clock)
+        self._used(rec)
+        return SeekResponse()
+
+    @refused_when_closed
+    def create_snapshot(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        subscription: str | None = None,
+    ) -> Snapshot:
+        """Snapshot a subscription's acked/unacked state now (Pub/Sub's ``CreateSnapshot``):
+        its unacked messages and everything published after. AlreadyExists when the name is
+        taken; FailedPrecondition when its oldest unacked message is so old that the
+        snapshot would expire within the hour. ``request`` may carry ``labels``."""
+        f = fields("create_snapshot", request, {"name", "subscription", "labels"}, name=name, subscription=subscription)
+        snap_name = self._snapshot_name(required(f, "name", "create_snapshot"), "name")
+        labels = validate_labels(f.get("labels"))
+        rec = self._sub(required(f, "subscription", "create_snapshot"))
+        made = seeking.create_snapshot(self._engine, self._snapshots, snap_name, rec, labels, clock=self._clock)
+        return made.public()
+
+    @refused_when_closed
+    def get_snapshot(self, request: Mapping[str, Any] | None = None, *, snapshot: str | None = None) -> Snapshot:
+        f = fields("get_snapshot", request, {"snapshot"}, snapshot=snapshot)
+        return self._snapshots.get(self._snapshot_name(required(f, "snapshot", "get_snapshot"))).public()
+
+    @refused_when_closed
+    def list_snapshots(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        project: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> ListSnapshotsPager:
+        """The project's snapshots by name, in pages (iterate the pager for all of them)."""
+        f = fields(
+            "list_snapshots", request, {"project", "page_size", "page_token"},
+            project=project, page_size=page_size, page_token=page_token,
+        )
+        proj = names.parse_project(required(f, "project", "list_snapshots"))
+        size = pagination.page_size(f.get("page_size"))
+        scope = f"projects/{proj}"
+
+        def fetch(token: str | None) -> ListSnapshotsResponse:
+            if self._closed:
+                raise ClientClosed("SubscriberClient.list_snapshots(): the client is closed; create a new one")
+            after = pagination.decode_token(token, "snapshots", scope)
+            snaps = self._snapshots.all()
+            page, last = pagination.take_page(sorted(n for n in snaps if n.startswith(scope + "/snapshots/")), after, size)
+            nxt = pagination.encode_token("snapshots", scope, last) if last else ""
+            return ListSnapshotsResponse(snapshots=[snaps[n].public() for n in page], next_page_token=nxt)
+
+        return ListSnapshotsPager(fetch, fetch(f.get("page_token")))
+
+    @refused_when_closed
+    def update_snapshot(
+        self,
+        request: Mapping[str, Any] | None = None,
+        *,
+        snapshot: Snapshot | Mapping[str, Any] | None = None,
+        update_mask: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    ) -> Snapshot:
+        """Change a snapshot's ``labels`` (the one field deltabus lets change; Pub/Sub's
+        expire_time is set by the snapshot's messages)."""
+        f = fields("update_snapshot", request, {"snapshot", "update_mask"}, snapshot=snapshot, update_mask=update_mask)
+        raw = required(f, "snapshot", "update_snapshot")
+        mask = required(f, "update_mask", "update_snapshot")
+        if isinstance(mask, Mapping):
+            mask = mask.get("paths", [])
+        if isinstance(mask, str) or not isinstance(mask, Iterable):
+            raise InvalidArgument("update_mask", "must be a list of field paths")
+        paths = list(mask)
+        if paths != ["labels"]:
+            raise InvalidArgument("update_mask", f"can update only ['labels'], got {paths}")
+        snap_name: Any
+        labels: Any
+        if isinstance(raw, Snapshot):
+            snap_name, labels = raw.name, raw.labels
+        elif isinstance(raw, Mapping):
+            snap_name, labels = raw.get("name"), raw.get("labels")
+        else:
+            raise InvalidArgument("snapshot", f"must be a Snapshot or a dict, got {type(raw).__name__}")
+        checked = validate_labels(labels or {}, "snapshot.labels")
+        return self._snapshots.update_labels(self._snapshot_name(snap_name, "snapshot.name"), checked).public()
+
+    @refused_when_closed
+    def delete_snapshot(self, request: Mapping[str, Any] | None = None, *, snapshot: str | None = None) -> None:
+        f = fields("delete_snapshot", request, {"snapshot"}, snapshot=snapshot)
+        self._snapshots.delete(self._snapshot_name(required(f, "snapshot", "delete_snapshot")))
 
     # -- pull ------------------------------------------------------------------------
     def _pull_received(self, subscription: str, max_messages: int, lease_seconds: float) -> list[ReceivedMessage]:
