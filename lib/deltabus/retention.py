@@ -1,36 +1,60 @@
-"""How far back vacuum must keep the messages table's history, and warehouse maintenance
-with that limit.
+"""Message retention (issue 15), how far back vacuum must keep the messages table's history,
+and warehouse maintenance with both.
 
 Fan-out reads the messages table's change feed from each subscription's cursor
-(``delivery.cursor``), which needs the data files of every version after the oldest
-cursor: vacuum must not delete them. Storage (``storage.maintenance``) compacts,
+(``delivery.cursor``), and a seek to a snapshot reads it from the snapshot's cursor
+(``delivery.seek``): both need the data files of every version after the oldest such
+cursor, so vacuum must not delete them. Storage (``storage.maintenance``) compacts,
 checkpoints and vacuums without knowing of subscriptions; this module, above it, reads the
 cursors through the ``Engine`` and tells it how many hours to keep.
+
+Retention (``apply_retention``, run first by ``maintain``) deletes expired snapshots,
+drops unacked messages older than their subscription's retention, and deletes from the
+messages table what no topic retention, subscription retention, snapshot or cursor still
+needs (``policy.retention``). Rows it deletes stay readable by the change feed until vacuum
+removes their files, which the cursors' hours above prevent while anyone may read them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable
 
 from .delivery.cursor import cursor_app_id
+from .delivery.retained import drop_expired
+from .policy.retention import message_cutoff
+from .registry import Registry, SubscriptionRecord
+from .snapshots import Snapshots
+from .storage import literal
+from .timestamps import timestamp_sql
 from .storage import Engine
 from .storage.maintenance import DEFAULT_RETENTION_HOURS, first_commit_since, maintain_warehouse
-from .storage.tables import DELIVERIES, MESSAGES, SUBSCRIPTIONS
+from .storage.tables import DELIVERIES, MESSAGES, SNAPSHOTS, SUBSCRIPTIONS
+
+log = logging.getLogger(__name__)
+
+
+def needed_after(engine: Engine) -> dict[str, list[int]]:
+    """By topic uid, the messages versions whose successors someone still reads from the
+    change feed: each subscription's fan-out cursor and each snapshot's cursor (a seek to it
+    reads every version after it)."""
+    subs = engine.snapshot(SUBSCRIPTIONS.name).read(columns=["sub_uid", "topic_uid", "start_version"]).to_pylist()
+    deliveries = engine.snapshot(DELIVERIES.name)
+    out: dict[str, list[int]] = {}
+    for row in subs:
+        cursor = deliveries.txn_version(cursor_app_id(row["sub_uid"]))
+        out.setdefault(row["topic_uid"], []).append(row["start_version"] if cursor is None else cursor)
+    for snap in engine.snapshot(SNAPSHOTS.name).read(columns=["topic_uid", "cursor_version"]).to_pylist():
+        out.setdefault(snap["topic_uid"], []).append(int(snap["cursor_version"]))
+    return out
 
 
 def oldest_unfanned_version(engine: Engine) -> int | None:
     """The first messages version some subscription has not fanned out yet (its cursor + 1),
-    the lowest over all subscriptions; None when there are no subscriptions."""
-    subs = engine.snapshot(SUBSCRIPTIONS.name).read(columns=["sub_uid", "start_version"]).to_pylist()
-    if not subs:
-        return None
-    deliveries = engine.snapshot(DELIVERIES.name)
-    cursors = []
-    for row in subs:
-        cursor = deliveries.txn_version(cursor_app_id(row["sub_uid"]))
-        cursors.append(row["start_version"] if cursor is None else cursor)
-    return min(cursors) + 1
+    or some snapshot still needs, the lowest over all of them; None when there are none."""
+    cursors = [c for per_topic in needed_after(engine).values() for c in per_topic]
+    return min(cursors) + 1 if cursors else None
 
 
 def hours_to_keep(first_unfanned_commit: float | None, now: float) -> int:
@@ -51,6 +75,67 @@ def hours_to_keep_for_fan_out(engine: Engine, now: float) -> int:
     return hours_to_keep(first_commit_since(engine.table_uri(MESSAGES.name), oldest), now)
 
 
+def apply_retention(engine: Engine, *, clock: Callable[[], float]) -> dict[str, int]:
+    """Carry out message retention (issue 15), in an order where each step only removes what
+    the later ones no longer need:
+
+    1. expired snapshots are deleted, and snapshot messages no snapshot owns (a crash's);
+    2. each subscription's unacked messages older than its retention are dropped
+       (``delivery.retained.drop_expired``);
+    3. each topic's messages older than every rule keeps (``policy.retention``) leave the
+       messages table, one delete per topic partition.
+
+    Returns counts: snapshots_expired, snapshot_orphans, unacked_dropped, topics_trimmed."""
+    now = clock()
+    snapshots = Snapshots(engine, clock=clock)
+    report = {"snapshots_expired": len(snapshots.delete_expired(now)), "snapshot_orphans": snapshots.sweep_orphans(now)}
+    registry = Registry(engine, clock=clock)
+    subs = list(registry.subscriptions().values())
+    report["unacked_dropped"] = sum(drop_expired(engine, s, clock=clock) for s in subs if not s.detached)
+    report["topics_trimmed"] = _trim_messages(engine, registry, subs, snapshots, now)
+    return report
+
+
+def _trim_messages(engine: Engine, registry: Registry, subs: list[SubscriptionRecord], snapshots: Snapshots, now: float) -> int:
+    """Delete what no rule keeps from each topic partition of the messages table; return how
+    many partitions lost rows."""
+    messages = engine.snapshot(MESSAGES.name)
+    stats = messages.file_stats()
+    if stats.num_rows == 0:
+        return 0
+    column = f"partition.{MESSAGES.partition_column}"
+    oldest: dict[str, Any] = {}
+    for uid, low in zip(stats[column].to_pylist(), stats["min.publish_time"].to_pylist() if "min.publish_time" in stats.column_names else [None] * stats.num_rows):
+        prev = oldest.get(uid, low)
+        oldest[uid] = low if prev is None or (low is not None and low < prev) else prev
+    topics = {t.topic_uid: t for t in registry.topics().values()}
+    cursors = needed_after(engine)
+    uri = engine.table_uri(MESSAGES.name)
+    trimmed = 0
+    for uid, low in oldest.items():
+        kept_since = [
+            s.oldest_publish_time.timestamp() for s in snapshots.all().values()
+            if s.topic_uid == uid and s.oldest_publish_time is not None
+        ]
+        if cursors.get(uid):
+            first = first_commit_since(uri, min(cursors[uid]) + 1)
+            if first is not None:
+                kept_since.append(first)
+        topic = topics.get(uid)
+        cutoff = message_cutoff(
+            now,
+            topic_retention=topic.message_retention_duration if topic is not None else None,
+            subscription_retentions=[s.message_retention_duration for s in subs if s.topic_uid == uid and not s.detached],
+            kept_since=kept_since,
+        )
+        if low is None or low.timestamp() >= cutoff:
+            continue  # nothing old enough in this partition (by the log's statistics: no read)
+        predicate = f"{MESSAGES.partition_column} = {literal(uid)} AND publish_time < {timestamp_sql(cutoff)}"
+        engine.transact(MESSAGES.name, lambda snap: snap.delete(predicate), what=f"trim the messages of topic {uid}")
+        trimmed += 1
+    return trimmed
+
+
 def maintain(
     engine: Engine,
     *,
@@ -63,5 +148,7 @@ def maintain(
 
     The cursors are read before compacting: a cursor only moves forward, so a limit read
     earlier keeps at least as much as one read just before the vacuum would."""
+    retained = apply_retention(engine, clock=clock)
+    log.info("retention: %s", retained)
     keep = {MESSAGES.name: hours_to_keep_for_fan_out(engine, clock())}
     return maintain_warehouse(engine.warehouse, retention_hours=retention_hours, min_files=min_files, keep_hours=keep)

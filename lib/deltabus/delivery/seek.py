@@ -176,13 +176,23 @@ def seek_to_time(
     return _commit(engine, sub, decide, f"seek {sub.name} to {utc(when).isoformat()}")
 
 
-def capture(engine: Engine, sub: SubscriptionRecord) -> tuple[int, pa.Table]:
-    """The subscription's fan-out cursor and its unacked messages (MESSAGE_COLUMNS), read
-    from one snapshot of its partition. Messages after the cursor are part of a snapshot by
-    its cursor; rows marked for a dead-letter move are not (that move acks them)."""
+class Capture(NamedTuple):
+    cursor: int  # the subscription's fan-out cursor
+    rows: pa.Table  # its unacked rows (MESSAGE_COLUMNS)
+    oldest: dt.datetime | None  # the oldest publish time of those rows and of the messages after the cursor
+
+
+def capture(engine: Engine, sub: SubscriptionRecord) -> Capture:
+    """What a snapshot of `sub` holds, read from one snapshot of its partition: its cursor and
+    unacked rows. Messages after the cursor are part of a snapshot by its cursor (their
+    publish times count for ``oldest``); rows marked for a dead-letter move are not (that
+    move acks them)."""
     snap = engine.snapshot(DELIVERIES.name)
     rows = _current(snap, sub.sub_uid)
-    return read_cursor(snap, sub), rows.select(list(MESSAGE_COLUMNS))
+    cursor = read_cursor(snap, sub)
+    unfanned = read_unfanned(engine, sub, cursor + 1, engine.version(MESSAGES.name))
+    times = [t for t in (pc.min(rows["publish_time"]).as_py(), pc.min(unfanned["publish_time"]).as_py()) if t is not None]
+    return Capture(cursor, rows.select(list(MESSAGE_COLUMNS)), min(times) if times else None)
 
 
 def create_snapshot(
@@ -198,10 +208,9 @@ def create_snapshot(
     SNAPSHOT_LIFETIME after its oldest unacked message was published (at most that long
     after now); FailedPrecondition when that is within MIN_SNAPSHOT_LIFE, as Pub/Sub."""
     hooks_for(sub)  # refuses a detached subscription
-    cursor, rows = capture(engine, sub)
+    cursor, rows, oldest = capture(engine, sub)
     now = clock()
-    oldest = pc.min(rows["publish_time"]).as_py() if rows.num_rows else None
-    oldest_s = oldest.timestamp() if isinstance(oldest, dt.datetime) else None
+    oldest_s = oldest.timestamp() if oldest is not None else None
     expire = now + SNAPSHOT_LIFETIME if oldest_s is None else min(now, oldest_s) + SNAPSHOT_LIFETIME
     if expire - now < MIN_SNAPSHOT_LIFE:
         raise FailedPrecondition(
@@ -211,7 +220,7 @@ def create_snapshot(
     rec = SnapshotRecord(
         name=name, snapshot_uid=new_snapshot_uid(), topic=sub.topic, topic_uid=sub.topic_uid, subscription=sub.name,
         cursor_version=cursor, labels=dict(labels), create_time=utc(now), expire_time=utc(expire),
-        oldest_publish_time=oldest if isinstance(oldest, dt.datetime) else None,
+        oldest_publish_time=oldest,
     )
     return snapshots.create(rec, rows)
 
@@ -243,6 +252,7 @@ __all__ = [
     "SeekResult",
     "replay_horizon",
     "seek_to_time",
+    "Capture",
     "capture",
     "create_snapshot",
     "seek_to_snapshot",
