@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from enum import Enum
+from typing import Mapping
+
 
 class DeltabusError(Exception):
     """Base class of every error deltabus raises on purpose."""
@@ -95,3 +98,32 @@ class OrderingKeyPaused(DeltabusError, RuntimeError):
             f"ordering_key {ordering_key!r} on {topic}: paused after a failed publish; "
             "call resume_publish(topic, ordering_key) to publish with it again"
         )
+
+
+class AcknowledgeStatus(str, Enum):
+    """The outcome of an ack, nack or deadline change (google-cloud-pubsub's
+    ``subscriber.exceptions.AcknowledgeStatus``). deltabus has no IAM, so it never answers
+    PERMISSION_DENIED; FAILED_PRECONDITION is a detached subscription; OTHER a storage error."""
+
+    SUCCESS = "SUCCESS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    INVALID_ACK_ID = "INVALID_ACK_ID"
+    OTHER = "OTHER"
+
+
+class AcknowledgeError(DeltabusError):
+    """An ack, nack or deadline change on an exactly-once subscription did not apply
+    (google-cloud-pubsub's ``AcknowledgeError``): ``error_code`` says why, ``info`` adds
+    detail. INVALID_ACK_ID: the ack id names no current delivery (its lease ran out and the
+    message went to someone else, it was acked already, or it is unknown).
+
+    A unary ``acknowledge`` or ``modify_ack_deadline`` of several ids raises one, after
+    applying the ids that could be, with ``failed`` mapping each ack id that did not apply
+    to its status."""
+
+    def __init__(self, error_code: AcknowledgeStatus, info: str | None = None, failed: Mapping[str, AcknowledgeStatus] | None = None) -> None:
+        self.error_code = error_code
+        self.info = info
+        self.failed = dict(failed or {})
+        super().__init__(f"{error_code.value}" + (f": {info}" if info else ""))

@@ -426,6 +426,15 @@ COLUMNS: tuple[SubscriptionField, ...] = (
         cli=CliFlag("--retain-acked", "", create_help="keep acked messages too, so a seek back in time replays them",
                     update_help="keep acked messages too (--no-retain-acked: no longer)", collect="switch"),
     ),
+    # Exactly-once delivery (issue 15): acks and deadline changes report whether they applied,
+    # and a successful ack is final. Pull only: a push subscription cannot enable it
+    # (checked with push_config, ``check_exactly_once``). A null reads as False.
+    SubscriptionField(
+        "enable_exactly_once_delivery", pa.bool_(), since=5, updatable=True, default=lambda: False, validate=_boolean,
+        from_row=bool,
+        cli=CliFlag("--exactly-once", "", create_help="exactly-once delivery: acks report whether they applied (pull only)",
+                    update_help="exactly-once delivery (--no-exactly-once: off)", collect="switch"),
+    ),
 )
 
 BY_NAME: dict[str, SubscriptionField] = {c.name: c for c in COLUMNS}
@@ -474,6 +483,13 @@ def public_values(values: Any) -> dict[str, Any]:
     Dicts are copied, so a caller changing what it got cannot change a cached record."""
     out = {c.name: getattr(values, c.name) for c in PUBLIC}
     return {k: dict(v) if isinstance(v, dict) else v for k, v in out.items()}
+
+
+def check_exactly_once(values: Any, path: str = "enable_exactly_once_delivery") -> None:
+    """Refuse exactly-once delivery on a push subscription (Pub/Sub's rule: it is a pull
+    feature). `values` has ``push_config`` and ``enable_exactly_once_delivery``."""
+    if values.enable_exactly_once_delivery and values.push_config.is_push:
+        raise InvalidArgument(path, "a push subscription cannot enable exactly-once delivery (pull subscriptions only)")
 
 
 # -- requests ----------------------------------------------------------------------------------

@@ -510,6 +510,8 @@ class Subscription:
     # kept for seek; seconds, 10 minutes..7 days.
     message_retention_duration: float = DEFAULT_SUBSCRIPTION_RETENTION
     retain_acked_messages: bool = False
+    # Issue 15: acks and deadline changes report whether they applied (pull only).
+    enable_exactly_once_delivery: bool = False
 
     @classmethod
     def coerce(cls, value: "Subscription | Mapping[str, Any]") -> "Subscription":

@@ -18,7 +18,8 @@ from ..delivery.payloads import fetch_messages, received_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, required
-from ..errors import ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached
+from ..delivery.model import Result
+from ..errors import AcknowledgeError, AcknowledgeStatus, ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached
 from ..delivery import seek as seeking
 from ..pagers import ListSnapshotsPager, ListSubscriptionsPager
 from ..snapshots import Snapshots
@@ -123,6 +124,7 @@ class SubscriberClient(ClientBase):
             enable_message_ordering=enable_message_ordering,
         )
         settings = subscription_fields.create_settings(f, {"push_config": self._check_push})
+        subscription_fields.check_exactly_once(settings)
         topic_rec = self._registry.topic(settings.topic)
         dead_letter.check_topic(self._registry, settings.dead_letter_policy)  # issue 13: NotFound, nothing written
         rec = self._registry.create_subscription(settings, topic_rec)
@@ -201,6 +203,7 @@ class SubscriberClient(ClientBase):
             raise InvalidArgument("subscription", f"must be a Subscription or a dict, got {type(raw).__name__}")
         rec = self._sub(sub_name, "subscription.name")
         changes = subscription_fields.update_changes(values, paths, {"push_config": self._check_push})
+        subscription_fields.check_exactly_once(replace(rec, **changes), "subscription.enable_exactly_once_delivery")
         if "dead_letter_policy" in changes:  # issue 13: the new topic exists; the old policy's moves finish first
             dead_letter.check_topic(self._registry, changes["dead_letter_policy"])
             dead_letter.settle_before_change(self._engine, rec, self._clock, self._registry)
@@ -221,8 +224,9 @@ class SubscriberClient(ClientBase):
         if "push_config" not in f:
             raise InvalidArgument("push_config", "modify_push_config requires push_config (an empty one means pull)")
         push = self._check_push(PushConfig.coerce(f["push_config"]))
-        rec = self._sub(name)
-        self._registry.replace_subscription(replace(rec, push_config=push))
+        rec = replace(self._sub(name), push_config=push)
+        subscription_fields.check_exactly_once(rec, "push_config")
+        self._registry.replace_subscription(rec)
 
     @refused_when_closed
     def delete_subscription(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None) -> None:
@@ -441,6 +445,43 @@ class SubscriberClient(ClientBase):
         # Ack ids of another subscription (or of an earlier incarnation of this one) are ignored.
         return [(d.message_id, d.delivery_attempt) for d in decoded if d.sub_uid == rec.sub_uid]
 
+    def _results(self, subscription: str, ack_ids: Sequence[str], seconds: int | None) -> dict[str, AcknowledgeStatus]:
+        """Ack (`seconds` None) or change the deadline of `ack_ids`, reading the rows first, and
+        return each ack id's status: SUCCESS only when this call applied it (exactly-once)."""
+        rec = self._sub(subscription)
+        if isinstance(ack_ids, str) or not isinstance(ack_ids, Iterable):
+            raise InvalidArgument("ack_ids", "must be a list of ack ids")
+        ack_ids = list(ack_ids)
+        decoded = [ackid.decode(a, f"ack_ids[{i}]") for i, a in enumerate(ack_ids)]
+        if not decoded:
+            raise InvalidArgument("ack_ids", "at least one ack id is required")
+        mine = [(a, (d.message_id, d.delivery_attempt)) for a, d in zip(ack_ids, decoded) if d.sub_uid == rec.sub_uid]
+        out = {a: AcknowledgeStatus.INVALID_ACK_ID for a in ack_ids}  # another subscription's: never applies
+        if mine:
+            items = [pair for _, pair in mine]
+            if seconds is None:
+                found = delivery.acknowledge_results(self._engine, rec, items)
+            else:
+                found = delivery.modify_deadline_results(self._engine, rec, items, seconds, clock=self._clock)
+            for (a, _), r in zip(mine, found):
+                out[a] = AcknowledgeStatus.SUCCESS if r.result is Result.SUCCESS else AcknowledgeStatus.INVALID_ACK_ID
+        self._used(rec)
+        return out
+
+    def _exactly_once(self, subscription: str) -> bool:
+        return self._sub(subscription).enable_exactly_once_delivery
+
+    @staticmethod
+    def _raise_failed(results: Mapping[str, AcknowledgeStatus], what: str) -> None:
+        failed = {a: r for a, r in results.items() if r is not AcknowledgeStatus.SUCCESS}
+        if failed:
+            raise AcknowledgeError(
+                AcknowledgeStatus.INVALID_ACK_ID,
+                f"{len(failed)} of {len(results)} ack ids did not apply to {what} (expired and delivered again, "
+                "acked already, or unknown); the others did",
+                failed,
+            )
+
     def _acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> int:
         rec = self._sub(subscription)
         done = delivery.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
@@ -455,10 +496,16 @@ class SubscriberClient(ClientBase):
 
     @refused_when_closed
     def acknowledge(self, request: Mapping[str, Any] | None = None, *, subscription: str | None = None, ack_ids: Sequence[str] | None = None) -> None:
-        """Ack messages. Ack ids that expired, were superseded or are unknown are ignored."""
+        """Ack messages. Ack ids that expired, were superseded or are unknown are ignored; on a
+        subscription with exactly-once delivery they raise ``AcknowledgeError`` (its
+        ``failed`` maps each such ack id to INVALID_ACK_ID) after the others were acked."""
         f = fields("acknowledge", request, {"subscription", "ack_ids"}, subscription=subscription, ack_ids=ack_ids)
         name = required(f, "subscription", "acknowledge")
-        self._acknowledge(name, required(f, "ack_ids", "acknowledge"))
+        ids = required(f, "ack_ids", "acknowledge")
+        if self._exactly_once(name):
+            self._raise_failed(self._results(name, ids, None), "acknowledge")
+            return
+        self._acknowledge(name, ids)
 
     @refused_when_closed
     def modify_ack_deadline(
@@ -478,7 +525,11 @@ class SubscriberClient(ClientBase):
         seconds = required(f, "ack_deadline_seconds", "modify_ack_deadline")
         if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_ACK_DEADLINE:
             raise InvalidArgument("ack_deadline_seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds!r}")
-        self._modify_deadline(name, required(f, "ack_ids", "modify_ack_deadline"), seconds)
+        ids = required(f, "ack_ids", "modify_ack_deadline")
+        if self._exactly_once(name):  # as acknowledge: failed ids raise AcknowledgeError
+            self._raise_failed(self._results(name, ids, seconds), "modify_ack_deadline")
+            return
+        self._modify_deadline(name, ids, seconds)
 
     # -- backlog ---------------------------------------------------------------------
     @refused_when_closed
@@ -589,6 +640,15 @@ class _ClientLeaseOps:
 
     def modify_deadline(self, ack_ids: Sequence[str], seconds: int) -> None:
         self._client._modify_deadline(self._subscription, ack_ids, seconds)
+
+    def acknowledge_results(self, ack_ids: Sequence[str]) -> dict[str, AcknowledgeStatus]:
+        return self._client._results(self._subscription, ack_ids, None)
+
+    def modify_deadline_results(self, ack_ids: Sequence[str], seconds: int) -> dict[str, AcknowledgeStatus]:
+        return self._client._results(self._subscription, ack_ids, seconds)
+
+    def exactly_once(self) -> bool:
+        return self._client._exactly_once(self._subscription)
 
     def wait_for_change(self, timeout: float, cancel: threading.Event) -> None:
         if self._watch is None:

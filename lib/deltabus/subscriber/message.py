@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import Future
 from typing import Mapping, Protocol
 
-from ..errors import InvalidArgument
+from ..errors import AcknowledgeStatus, InvalidArgument
 from ..types import MAX_ACK_DEADLINE, ReceivedMessage
 
 
 class RequestSink(Protocol):
-    def ack(self, message: "Message") -> None: ...
-    def nack(self, message: "Message") -> None: ...
-    def modify_ack_deadline(self, message: "Message", seconds: int) -> None: ...
+    """Where a message's answers go; `future` (the ``*_with_response`` calls) is resolved with
+    the answer's status, or fails with ``AcknowledgeError``."""
+
+    def ack(self, message: "Message", future: "Future[AcknowledgeStatus] | None" = None) -> None: ...
+    def nack(self, message: "Message", future: "Future[AcknowledgeStatus] | None" = None) -> None: ...
+    def modify_ack_deadline(self, message: "Message", seconds: int, future: "Future[AcknowledgeStatus] | None" = None) -> None: ...
 
 
 class Message:
@@ -71,6 +75,33 @@ class Message:
         self._sink.nack(self)
 
     def modify_ack_deadline(self, seconds: int) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_ACK_DEADLINE:
-            raise InvalidArgument("seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds!r}")
-        self._sink.modify_ack_deadline(self, seconds)
+        self._sink.modify_ack_deadline(self, _seconds(seconds))
+
+    # -- with a response (exactly-once delivery, issue 15) -------------------------------------
+    def ack_with_response(self) -> "Future[AcknowledgeStatus]":
+        """Acknowledge, and learn whether it applied: the future resolves to
+        ``AcknowledgeStatus.SUCCESS``, after which the message is never delivered again, or
+        fails with ``AcknowledgeError`` (INVALID_ACK_ID: the lease ran out and the message
+        went to another delivery). On a subscription without exactly-once delivery it
+        resolves to SUCCESS once the ack was sent, as google-cloud-pubsub's does."""
+        future: Future[AcknowledgeStatus] = Future()
+        self._sink.ack(self, future)
+        return future
+
+    def nack_with_response(self) -> "Future[AcknowledgeStatus]":
+        """``nack``, with a future as ``ack_with_response``'s."""
+        future: Future[AcknowledgeStatus] = Future()
+        self._sink.nack(self, future)
+        return future
+
+    def modify_ack_deadline_with_response(self, seconds: int) -> "Future[AcknowledgeStatus]":
+        """``modify_ack_deadline``, with a future as ``ack_with_response``'s."""
+        future: Future[AcknowledgeStatus] = Future()
+        self._sink.modify_ack_deadline(self, _seconds(seconds), future)
+        return future
+
+
+def _seconds(seconds: int) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_ACK_DEADLINE:
+        raise InvalidArgument("seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds!r}")
+    return seconds

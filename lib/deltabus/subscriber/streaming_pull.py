@@ -14,6 +14,7 @@ consumer waits for a change (the process's log watcher) instead of sleep-polling
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import queue
 import random
@@ -21,9 +22,10 @@ import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Literal, NamedTuple, Protocol, Sequence
+from concurrent.futures import Future
+from typing import Callable, Literal, Mapping, NamedTuple, Protocol, Sequence
 
-from ..errors import NotFound
+from ..errors import AcknowledgeError, AcknowledgeStatus, FailedPrecondition, NotFound
 from ..policy import flow_control as fc
 from ..policy import leases as lease_policy
 from ..policy.histogram import Histogram
@@ -46,6 +48,13 @@ class _Request(NamedTuple):
     kind: RequestKind
     ack_id: str  # "" for "stop"
     seconds: int  # the new deadline of a "modack"; 0 otherwise
+    future: "Future[AcknowledgeStatus] | None" = None  # a *_with_response call's
+
+
+# With exactly-once delivery a lease is never shorter than this (seconds), as
+# google-cloud-pubsub's client: fewer leases run out under a slow callback, and each that
+# does makes its ack fail.
+EXACTLY_ONCE_MIN_LEASE = 60
 
 
 class LeaseOps(Protocol):
@@ -65,6 +74,19 @@ class LeaseOps(Protocol):
 
     def modify_deadline(self, ack_ids: Sequence[str], seconds: int) -> None:
         """Set the leases' deadline to now + `seconds` (0: nack)."""
+        ...
+
+    def acknowledge_results(self, ack_ids: Sequence[str]) -> Mapping[str, AcknowledgeStatus]:
+        """Ack, and say for each ack id whether this applied it (exactly-once delivery)."""
+        ...
+
+    def modify_deadline_results(self, ack_ids: Sequence[str], seconds: int) -> Mapping[str, AcknowledgeStatus]:
+        """``modify_deadline``, saying for each ack id whether this applied it."""
+        ...
+
+    def exactly_once(self) -> bool:
+        """Whether the subscription has exactly-once delivery now (asked per batch: an update
+        while the stream runs counts)."""
         ...
 
     def wait_for_change(self, timeout: float, cancel: threading.Event) -> None:
@@ -279,7 +301,7 @@ class StreamingPullManager:
                 if self._paused or room == 0:
                     self._lock.wait(0.1)
                     continue
-            deadline = self._lease_seconds()
+            deadline = self._lease_seconds(self._ops.exactly_once())
             try:
                 received = self._ops.pull(min(room, 1000), deadline)
             except NotFound:
@@ -296,14 +318,16 @@ class StreamingPullManager:
                     self._on_hold.append(m)
             self._dispatch_on_hold()
 
-    def _lease_seconds(self) -> int:
+    def _lease_seconds(self, exactly_once: bool = False) -> int:
         with self._lock:
             p99 = self._histogram.percentile(99)
-        return lease_policy.extension_seconds(p99, self._flow)
+        seconds = lease_policy.extension_seconds(p99, self._flow)
+        return max(seconds, EXACTLY_ONCE_MIN_LEASE) if exactly_once else seconds
 
     def _lease(self) -> None:
         while not self._stop.is_set():
-            deadline = self._lease_seconds()
+            exactly_once = self._ops.exactly_once()
+            deadline = self._lease_seconds(exactly_once)
             now = self._clock()
             with self._lock:
                 expired = lease_policy.over_max_lease(
@@ -314,7 +338,17 @@ class StreamingPullManager:
                 self._release(ack_id)
             with self._lock:
                 ack_ids = list(self._held)
-            if ack_ids:
+            if ack_ids and exactly_once:
+                # Extended only with confirmation: a lease that did not extend (it ran out and
+                # the message went to another delivery) is let go; its ack would fail.
+                results = self._ops.modify_deadline_results(ack_ids, deadline)
+                lost = [a for a in ack_ids if results.get(a) is not AcknowledgeStatus.SUCCESS]
+                if lost:
+                    log.info("%d leases on %s could not be extended (delivered again elsewhere); letting them go",
+                             len(lost), self._subscription)
+                for ack_id in lost:
+                    self._release(ack_id)
+            elif ack_ids:
                 self._ops.modify_deadline(ack_ids, deadline)
             self._stop.wait(lease_policy.next_pass_delay(deadline, self._rand()))
 
@@ -332,17 +366,63 @@ class StreamingPullManager:
                     batch.append(self._requests.get(timeout=max(0.0, end - time.monotonic())))
                 except queue.Empty:
                     break
-            acks = [a for kind, a, _ in batch if kind == "ack"]
-            nacks = [a for kind, a, _ in batch if kind == "nack"]
-            modacks: dict[int, list[str]] = {}
-            for kind, a, s in batch:
-                if kind == "modack":
-                    modacks.setdefault(s, []).append(a)
-                elif kind == "stop":
-                    stopping = True
-            self._send(acks, nacks, modacks)
+            stopping = any(r.kind == "stop" for r in batch)
+            self._send([r for r in batch if r.kind != "stop"])
 
-    def _send(self, acks: list[str], nacks: list[str], modacks: dict[int, list[str]]) -> None:
+    def _send(self, batch: Sequence[_Request]) -> None:
+        """Send a batch of answers: acks in one call, nacks in one, deadline changes one call
+        per deadline. Futures (the ``*_with_response`` calls) are resolved: with exactly-once
+        delivery by each ack id's own result, else with SUCCESS once sent (as
+        google-cloud-pubsub: without exactly-once an answer is best effort)."""
+        acks = [r.ack_id for r in batch if r.kind == "ack"]
+        nacks = [r.ack_id for r in batch if r.kind == "nack"]
+        modacks: dict[int, list[str]] = {}
+        for r in batch:
+            if r.kind == "modack":
+                modacks.setdefault(r.seconds, []).append(r.ack_id)
+        futures = [r for r in batch if r.future is not None]
+        try:
+            exactly_once = bool(futures) and self._ops.exactly_once()
+        except Exception:  # the subscription is gone or unreadable: the send below fails alike
+            exactly_once = False
+        if exactly_once:
+            self._send_with_results(batch, acks, nacks, modacks)
+            return
+        self._send_best_effort(acks, nacks, modacks)
+        for r in futures:
+            _resolve(r.future, AcknowledgeStatus.SUCCESS)
+
+    def _send_with_results(self, batch: Sequence[_Request], acks: list[str], nacks: list[str], modacks: dict[int, list[str]]) -> None:
+        outcome: dict[tuple[str, str], AcknowledgeStatus | BaseException] = {}
+        calls: list[tuple[str, list[str], Callable[[], Mapping[str, AcknowledgeStatus]]]] = []
+        if acks:
+            calls.append(("ack", acks, lambda: self._ops.acknowledge_results(acks)))
+        if nacks:
+            calls.append(("nack", nacks, lambda: self._ops.modify_deadline_results(nacks, 0)))
+        for seconds, ids in modacks.items():
+            calls.append(("modack", ids, functools.partial(self._ops.modify_deadline_results, ids, seconds)))
+        for kind, ids, call in calls:
+            try:
+                results = call()
+                for a in ids:
+                    outcome[(kind, a)] = results.get(a, AcknowledgeStatus.INVALID_ACK_ID)
+            except Exception as exc:
+                log.error("sending %d %ss for %s failed: %s", len(ids), kind, self._subscription, exc)
+                for a in ids:
+                    outcome[(kind, a)] = exc
+        for r in batch:
+            if r.future is None:
+                continue
+            got = outcome.get((r.kind, r.ack_id), AcknowledgeStatus.OTHER)
+            if isinstance(got, BaseException):
+                code = AcknowledgeStatus.FAILED_PRECONDITION if isinstance(got, FailedPrecondition) else AcknowledgeStatus.OTHER
+                _fail(r.future, AcknowledgeError(code, str(got)))
+            elif got is AcknowledgeStatus.SUCCESS:
+                _resolve(r.future, got)
+            else:
+                _fail(r.future, AcknowledgeError(got))
+
+    def _send_best_effort(self, acks: list[str], nacks: list[str], modacks: dict[int, list[str]]) -> None:
         try:
             if acks:
                 self._ops.acknowledge(acks)
@@ -359,27 +439,24 @@ class StreamingPullManager:
             )
 
     # -- RequestSink: called from callbacks ----------------------------------------
-    def _submit(self, kind: RequestKind, message: Message, seconds: int = 0) -> None:
+    def _submit(self, kind: RequestKind, message: Message, seconds: int = 0, future: "Future[AcknowledgeStatus] | None" = None) -> None:
+        request = _Request(kind, message.ack_id, seconds, future)
         with self._submit_lock:
             if not self._closing:
-                self._requests.put(_Request(kind, message.ack_id, seconds))
+                self._requests.put(request)
                 return
         # The stream is closing or closed; carry the request out directly rather than lose it.
-        self._send(
-            [message.ack_id] if kind == "ack" else [],
-            [message.ack_id] if kind == "nack" else [],
-            {seconds: [message.ack_id]} if kind == "modack" else {},
-        )
+        self._send([request])
 
-    def ack(self, message: Message) -> None:
+    def ack(self, message: Message, future: "Future[AcknowledgeStatus] | None" = None) -> None:
         with self._lock:
             self._histogram.add(self._clock() - message.received_at)
-        self._submit("ack", message)
+        self._submit("ack", message, 0, future)
         self._release(message.ack_id)
 
-    def nack(self, message: Message) -> None:
+    def nack(self, message: Message, future: "Future[AcknowledgeStatus] | None" = None) -> None:
         self._drop_followers(message)
-        self._submit("nack", message)
+        self._submit("nack", message, 0, future)
         self._release(message.ack_id)
 
     def _drop_followers(self, message: Message) -> None:
@@ -402,8 +479,18 @@ class StreamingPullManager:
             self._on_hold = keep
             self._lock.notify_all()
 
-    def modify_ack_deadline(self, message: Message, seconds: int) -> None:
+    def modify_ack_deadline(self, message: Message, seconds: int, future: "Future[AcknowledgeStatus] | None" = None) -> None:
         if seconds == 0:
-            self.nack(message)
+            self.nack(message, future)
         else:
-            self._submit("modack", message, seconds)
+            self._submit("modack", message, seconds, future)
+
+
+def _resolve(future: "Future[AcknowledgeStatus] | None", status: AcknowledgeStatus) -> None:
+    if future is not None and not future.done():
+        future.set_result(status)
+
+
+def _fail(future: "Future[AcknowledgeStatus] | None", exc: BaseException) -> None:
+    if future is not None and not future.done():
+        future.set_exception(exc)
