@@ -168,17 +168,6 @@ def test_a_push_subscription_made_through_the_api_is_pushed(gpub, gsub, warehous
     assert gsub.get_subscription(subscription=S).push_config.push_endpoint == "https://example.com/p"
 
 
-def test_snapshots_are_unimplemented_with_a_reason(gpub, gsub) -> None:
-    # (DetachSubscription is served: tests/integration/test_server_detach.py.)
-    gpub.create_topic(name=T)
-    gsub.create_subscription(name=S, topic=T)
-    with pytest.raises(gexc.MethodNotImplemented, match="issue 15"):
-        list(gsub.list_snapshots(project=f"projects/{PROJECT}"))
-    with pytest.raises(gexc.MethodNotImplemented, match="issue 15"):
-        gsub.seek(request={"subscription": S, "time": dt.datetime.now(dt.timezone.utc)})
-    assert gsub.get_subscription(subscription=S).name == S
-
-
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_serve_subprocess_prints_the_ready_line_and_exits_0_when_stopped(warehouse: str, stop: signal.Signals) -> None:
     proc = subprocess.Popen(

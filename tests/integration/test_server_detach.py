@@ -61,7 +61,8 @@ def test_detach_drops_the_backlog_in_one_commit_and_refuses_delivery(serve_threa
     after = table_versions(warehouse)
     # One commit marks it in the registry, ONE commit drops its rows (and fences its cursor).
     assert {k: after[k] - before[k] for k in after} == {
-        "topics": 0, "subscriptions": 1, "messages": 0, "deliveries": 1, "backlog": 0, "backlog_history": 0}
+        "topics": 0, "subscriptions": 1, "messages": 0, "deliveries": 1, "backlog": 0, "backlog_history": 0,
+        "snapshots": 0, "snapshot_messages": 0}
     assert rows_of(warehouse, uid) == 0
     assert DeltaTable(f"{warehouse}/deliveries").transaction_version(cursor_app_id(uid)) == DETACHED_CURSOR
 

@@ -9,10 +9,11 @@ from google.pubsub_v1 import types as pb
 
 from deltabus.errors import InvalidArgument
 from deltabus.server import convert
-from deltabus.types import DeadLetterPolicy, NoWrapper, OidcToken, PushConfig, RetryPolicy, Subscription, Topic
+from deltabus.types import DeadLetterPolicy, NoWrapper, OidcToken, PushConfig, RetryPolicy, Snapshot, Subscription, Topic
 
 T = "projects/p/topics/top1"
 S = "projects/p/subscriptions/sub1"
+N = "projects/p/snapshots/snap1"
 
 
 def test_topic_both_ways() -> None:
@@ -146,3 +147,45 @@ def test_unknown_field_numbers_are_refused_by_path() -> None:
     with pytest.raises(InvalidArgument) as e:
         convert.refuse_unknown_fields(pb.GetTopicRequest.deserialize(b"\xa0\x06\x01"))
     assert e.value.field == "#100"
+
+
+# -- seek and snapshots (issue 15) ----------------------------------------------------------------
+def test_seek_request_reads_the_one_target() -> None:
+    from google.protobuf import timestamp_pb2
+
+    raw = pb.SeekRequest.pb(pb.SeekRequest(subscription=S))
+    raw.time.CopyFrom(timestamp_pb2.Timestamp(seconds=1_790_000_000, nanos=123_456_789))
+    assert convert.seek_request(pb.SeekRequest.wrap(raw)) == {
+        "subscription": S, "time": {"seconds": 1_790_000_000, "nanos": 123_456_789}}  # to the nanosecond
+    assert convert.seek_request(pb.SeekRequest(subscription=S, snapshot=N)) == {"subscription": S, "snapshot": N}
+    with pytest.raises(InvalidArgument) as e:
+        convert.seek_request(pb.SeekRequest(subscription=S))
+    assert e.value.field == "target" and "time" in e.value.rule and "snapshot" in e.value.rule
+    with pytest.raises(InvalidArgument) as e:
+        convert.seek_request(pb.SeekRequest(subscription=S, snapshot=""))  # set, but empty
+    assert e.value.field == "snapshot"
+
+
+def test_create_snapshot_request_refuses_tags() -> None:
+    req = pb.CreateSnapshotRequest(name=N, subscription=S, labels={"a": "b"})
+    assert convert.create_snapshot_request(req) == {"name": N, "subscription": S, "labels": {"a": "b"}}
+    with pytest.raises(InvalidArgument) as e:
+        convert.create_snapshot_request(pb.CreateSnapshotRequest(name=N, subscription=S, tags={"k": "v"}))
+    assert e.value.field == "tags"
+
+
+def test_snapshot_update_takes_labels_only() -> None:
+    req = pb.UpdateSnapshotRequest(snapshot=pb.Snapshot(name=N, labels={"a": "b"}, topic=T), update_mask={"paths": ["labels"]})
+    assert convert.snapshot_update(req) == {"snapshot": {"name": N, "labels": {"a": "b"}}, "update_mask": ["labels"]}
+    for paths, words in ((["expire_time"], "expire_time"), (["labels", "topic"], "topic"), ([], "at least one")):
+        with pytest.raises(InvalidArgument) as e:
+            convert.snapshot_update(pb.UpdateSnapshotRequest(snapshot=pb.Snapshot(name=N), update_mask={"paths": paths}))
+        assert e.value.field == "update_mask" and words in e.value.rule
+
+
+def test_snapshot_to_proto() -> None:
+    when = dt.datetime(2026, 12, 3, 4, 5, 6, tzinfo=dt.timezone.utc)
+    out = convert.snapshot_to_proto(Snapshot(name=N, topic=T, expire_time=when, labels={"a": "b"}))
+    assert out == pb.Snapshot(name=N, topic=T, expire_time=when, labels={"a": "b"})
+    assert convert.snapshot_to_proto(Snapshot(name=N, topic=T, expire_time=when.replace(tzinfo=None))).expire_time == when
+    assert "expire_time" not in convert.snapshot_to_proto(Snapshot(name=N, topic=T))

@@ -5,8 +5,7 @@
 number google.pubsub.v1 does not declare is refused (INVALID_ARGUMENT naming its path, e.g.
 ``messages[0].#100``; measured 1.6 ms for a Publish of 1,000 messages); a deltabus error (or
 any other) aborts the call with its status; an unexpected one is logged with the method and the
-exception type only (never a payload or a request). ``unimplemented`` builds a method that
-answers UNIMPLEMENTED with a reason.
+exception type only (never a payload or a request).
 
 A test may set ``ServerState.fault``: ``rpc`` then asks it before the method runs and after
 it ran, and fails the call with the status code it returns ("injected fault" in the message).
@@ -64,11 +63,3 @@ async def _inject(fault: FaultHook, method: str, stage: FaultStage, context: grp
     code = fault(method, stage)
     if code is not None:
         await context.abort(code, f"{method}: injected fault ({stage})")
-
-
-def unimplemented(method: str, reason: str) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
-    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: {reason}")
-
-    handler.__name__ = method
-    return handler

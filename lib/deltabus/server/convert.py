@@ -12,6 +12,12 @@ fields (``state``, ``satisfies_pzs``, ...) are ignored.
 
 Outbound, deltabus records become proto-plus messages. ``delivery_attempt`` is filled only
 for a subscription with a dead-letter policy, as Pub/Sub documents (0 otherwise).
+
+Seek and snapshots (issue 15): ``seek_request`` reads the SeekRequest's oneof ``target``
+(a time, kept to the nanosecond as ``{"seconds", "nanos"}``, or a snapshot name; neither:
+INVALID_ARGUMENT naming ``target``); ``create_snapshot_request`` refuses ``tags``;
+``snapshot_update`` accepts only the ``labels`` path (a snapshot's ``expire_time`` follows
+from its oldest unacked message and cannot be set).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from google.protobuf import unknown_fields
 from google.pubsub_v1 import types as pb
 
 from ..errors import InvalidArgument
-from ..types import PushConfig, Subscription, Topic
+from ..types import PushConfig, Snapshot, Subscription, Topic
 
 # Fields of the protos deltabus implements; the rest is refused when set.
 TOPIC_FIELDS = frozenset({"name", "labels", "message_retention_duration"})
@@ -34,6 +40,8 @@ SUBSCRIPTION_FIELDS = frozenset(
 )
 SUBSCRIPTION_OUTPUT_ONLY = frozenset({"state", "topic_message_retention_duration", "analytics_hub_subscription_info"})
 PUSH_CONFIG_FIELDS = frozenset({"push_endpoint", "attributes", "oidc_token", "pubsub_wrapper", "no_wrapper"})
+CREATE_SNAPSHOT_FIELDS = frozenset({"name", "subscription", "labels"})
+UPDATABLE_SNAPSHOT_FIELDS = ("labels",)
 
 
 def set_fields(message: Any) -> list[str]:
@@ -226,6 +234,61 @@ def received_to_proto(
         fields["publish_time"] = publish_time if publish_time.tzinfo else publish_time.replace(tzinfo=dt.timezone.utc)
     message = pb.PubsubMessage(**fields)
     return pb.ReceivedMessage(ack_id=ack_id, message=message, delivery_attempt=delivery_attempt)
+
+
+# -- seek and snapshots (issue 15) -------------------------------------------------------------
+def seek_request(request: pb.SeekRequest) -> dict[str, Any]:
+    """The SubscriberClient.seek request dict of a SeekRequest: ``subscription`` and the one
+    target set, ``time`` as ``{"seconds", "nanos"}`` (the Timestamp exactly, where a datetime
+    would round to the microsecond) or ``snapshot`` (a name; an empty one set is refused
+    naming ``snapshot``). InvalidArgument naming ``target`` when neither is set."""
+    raw = type(request).pb(request)
+    which = raw.WhichOneof("target")
+    out: dict[str, Any] = {"subscription": request.subscription}
+    if which == "time":
+        out["time"] = {"seconds": int(raw.time.seconds), "nanos": int(raw.time.nanos)}
+    elif which == "snapshot":
+        if not raw.snapshot:
+            raise InvalidArgument("snapshot", "must name a snapshot 'projects/PROJECT/snapshots/ID', got ''")
+        out["snapshot"] = raw.snapshot
+    else:
+        raise InvalidArgument("target", "set one of time and snapshot (the seek's target); neither is set")
+    return out
+
+
+def create_snapshot_request(request: pb.CreateSnapshotRequest) -> dict[str, Any]:
+    """The SubscriberClient.create_snapshot request dict (name, subscription, labels);
+    any other field set (``tags``) is refused with InvalidArgument naming it."""
+    for name in set_fields(request):
+        if name not in CREATE_SNAPSHOT_FIELDS:
+            raise InvalidArgument(name, "is not supported by deltabus serve (leave it unset)")
+    return {"name": request.name, "subscription": request.subscription, "labels": dict(request.labels)}
+
+
+def snapshot_update(request: pb.UpdateSnapshotRequest) -> dict[str, Any]:
+    """The SubscriberClient.update_snapshot request dict: ``labels`` is the only path the
+    update mask may name (at least once); anything else is refused naming ``update_mask``
+    (``expire_time`` with why). A masked ``labels`` left empty clears them."""
+    paths = mask_paths(request.update_mask if "update_mask" in request else None)
+    if "expire_time" in paths:
+        raise InvalidArgument(
+            "update_mask", "cannot update expire_time: a snapshot expires 7 days after its oldest unacked message"
+            f" was published; updatable fields: {list(UPDATABLE_SNAPSHOT_FIELDS)}"
+        )
+    bad = [p for p in paths if p not in UPDATABLE_SNAPSHOT_FIELDS]
+    if bad:
+        raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {list(UPDATABLE_SNAPSHOT_FIELDS)}")
+    snapshot = {"name": request.snapshot.name, "labels": dict(request.snapshot.labels)}
+    return {"snapshot": snapshot, "update_mask": list(UPDATABLE_SNAPSHOT_FIELDS)}
+
+
+def snapshot_to_proto(snapshot: Snapshot) -> pb.Snapshot:
+    """A deltabus Snapshot as the API's (expire_time in UTC; left unset when unknown)."""
+    fields: dict[str, Any] = {"name": snapshot.name, "topic": snapshot.topic, "labels": dict(snapshot.labels)}
+    expire = snapshot.expire_time
+    if expire is not None:  # proto-plus turns a datetime into a Timestamp
+        fields["expire_time"] = expire if expire.tzinfo else expire.replace(tzinfo=dt.timezone.utc)
+    return pb.Snapshot(**fields)
 
 
 def mask_paths(mask: Any, field: str = "update_mask") -> list[str]:

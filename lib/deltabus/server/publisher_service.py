@@ -10,9 +10,10 @@ aborts the call with its Pub/Sub status (``status``) and writes nothing.
   requests go through the Publish group commit (``publish_commit``): the requests that
   arrive while an append runs share the next append, so a request is never split over
   commits, and a commit may hold several requests.
-- UpdateTopic: ``labels`` is the only updatable field (the only one deltabus keeps).
-- ListTopicSnapshots: always empty (snapshots come with issue 15), NOT_FOUND for a topic
-  that does not exist.
+- UpdateTopic: ``labels`` and ``message_retention_duration`` are the updatable fields.
+- ListTopicSnapshots: the names of the snapshots of the topic (issue 15; those whose
+  ``topic`` is its name), in pages as the other listings; NOT_FOUND for a topic that does
+  not exist.
 - DetachSubscription: the PublisherClient's ``detach_subscription`` (``delivery.detach``):
   the subscription stays, shown with ``detached`` true, its backlog is dropped in one
   commit, and Pull, StreamingPull, Acknowledge and ModifyAckDeadline on it answer
@@ -28,7 +29,7 @@ import grpc.aio
 from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as pb
 
-from .. import names
+from .. import names, pagination
 from ..errors import InvalidArgument
 from ..publisher.rows import OutgoingMessage
 from ..validation import check_message
@@ -115,8 +116,19 @@ class PublisherService:
 
     @rpc
     async def ListTopicSnapshots(self, request: pb.ListTopicSnapshotsRequest, context: Context) -> pb.ListTopicSnapshotsResponse:
-        await self.state.run(self.state.publisher.get_topic, request={"topic": request.topic})  # NOT_FOUND, names checked
-        return pb.ListTopicSnapshotsResponse()
+        topic = str(names.parse_topic(request.topic))
+        size = pagination.page_size(request.page_size)
+        after = pagination.decode_token(request.page_token, "topic_snapshots", topic)
+
+        def page() -> tuple[list[str], str | None]:
+            self.state.publisher.get_topic(request={"topic": topic})  # NOT_FOUND
+            project = f"projects/{names.parse_topic(topic).project}"
+            of_topic = sorted(s.name for s in self.state.subscriber.list_snapshots(project=project) if s.topic == topic)
+            return pagination.take_page(of_topic, after, size)
+
+        found, last = await self.state.run(page)
+        nxt = pagination.encode_token("topic_snapshots", topic, last) if last else ""
+        return pb.ListTopicSnapshotsResponse(snapshots=found, next_page_token=nxt)
 
     @rpc
     async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Context) -> empty_pb2.Empty:

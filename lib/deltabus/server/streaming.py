@@ -34,6 +34,21 @@ Contract.
   expiries and other processes' nacks make no message commit, so a waiting stream also
   re-asks every ``IDLE_RECHECK`` seconds; the group commit folds those asks of one
   subscription into one round.
+- **Seek** (``StreamHub.sought``, called by the Seek method once the seek committed). A
+  seek ends every lease of the subscription in the table: each row is dropped or kept with
+  the stale mark, so the ack ids handed out before it no longer apply (an ack or deadline
+  change of one is ignored by the MERGE). What the hub held for those ids would otherwise
+  outlive them: they counted against their stream's flow control until the client settled
+  them or their (extended) lease ran out, so a stream at its limit got no replayed message
+  before that; their durable ends no longer held; and, since a seek commits to the
+  deliveries table only, the watcher does not see it, so waiting streams asked again only
+  at their IDLE_RECHECK. So the subscription's streams forget every id they hold and are
+  woken. A lease round in flight across the seek may have committed before it (its
+  leases are dead) or after it (live): its messages are still sent, but not counted on
+  the stream (``seek_epoch`` changed meanwhile), which at worst lets one round's messages
+  pass the client's flow limit, never holds a replay back. A seek made by another process
+  is seen only at the streams' IDLE_RECHECK, and its dead ids free as the client settles
+  them or their leases run out.
 - **Breaks and stops.** A stream that breaks keeps nothing: its leases run out and the
   messages come back. When the server stops (``ServerState.stopping``) every open stream
   ends with UNAVAILABLE, so clients reconnect.
@@ -116,6 +131,9 @@ class StreamHub:
         # ack id -> the lease end its deliveries row holds once the changes queued so far commit
         # (never later than that): what an early-answered deadline change is checked against.
         self._durable: dict[str, float] = {}
+        # subscription name -> how many seeks on it this hub saw (``sought``): a stream's lease
+        # round that spans a change is not counted on the stream (the module docstring).
+        self._seeks: dict[str, int] = {}
         self._loop = asyncio.get_running_loop()
         self._halt = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="deltabus-serve-watch", daemon=True)
@@ -184,6 +202,26 @@ class StreamHub:
         self._durable.pop(ack_id, None)
         s = self._owner.pop(ack_id, None)
         if s is not None and s.flow.settled(ack_id):
+            s.wake.set()
+
+    # -- seek ---------------------------------------------------------------------------------
+    def seek_epoch(self, subscription: str) -> int:
+        """How many seeks on `subscription` (a canonical name) this hub has seen."""
+        return self._seeks.get(subscription, 0)
+
+    def sought(self, subscription: str) -> None:
+        """A seek on `subscription` (a canonical name) has committed: every ack id its streams
+        hold is dead. Forget them (flow control, owners, durable ends), count the seek
+        (``seek_epoch``) and wake the streams, so they lease the replayed messages now."""
+        self._seeks[subscription] = self._seeks.get(subscription, 0) + 1
+        for s in self._streams:
+            if s.subscription != subscription:
+                continue
+            for a in s.flow.ack_ids():
+                s.flow.settled(a)
+                if self._owner.get(a) is s:
+                    del self._owner[a]
+                    self._durable.pop(a, None)
             s.wake.set()
 
     # -- wake-ups ---------------------------------------------------------------------------
@@ -409,13 +447,16 @@ async def handle_streaming_pull(
             room = s.flow.room()
             s.wake.clear()
             if room > 0:
+                epoch = hub.seek_epoch(name)
                 granted = await hub.commits.lease(name, room, s.lease_seconds)
                 if granted.messages:
+                    counted = hub.seek_epoch(name) == epoch  # else a seek ran meanwhile: sent, not counted
                     received, sizes = [], []
                     for m in granted.messages:
                         size = m.message.size
-                        s.flow.leased(m.ack_id, size, granted.lease_end)
-                        hub.own(s, m.ack_id, granted.lease_end)
+                        if counted:
+                            s.flow.leased(m.ack_id, size, granted.lease_end)
+                            hub.own(s, m.ack_id, granted.lease_end)
                         received.append(convert.received_to_proto(
                             m.ack_id, m.message.data, m.message.attributes, m.message.message_id,
                             m.message.publish_time, m.message.ordering_key, m.delivery_attempt))

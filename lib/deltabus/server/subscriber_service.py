@@ -16,7 +16,14 @@ max_messages above MAX_PULL are capped, as Pub/Sub caps them. A response stays u
 client's 4 MiB limit: leased messages beyond it are given back at once (a nack, which counts
 as a delivery attempt and follows the retry policy).
 
-The snapshot and seek methods answer UNIMPLEMENTED: snapshots come with issue 15.
+Seek and snapshots (issue 15) are the SubscriberClient's ``seek`` and ``*_snapshot``
+methods (``delivery/seek``, ``snapshots``), with requests from ``convert``: a Seek names a
+``time`` or a ``snapshot`` (neither: INVALID_ARGUMENT naming ``target``; a snapshot of
+another topic: INVALID_ARGUMENT naming ``snapshot``); UpdateSnapshot changes ``labels``
+only. A Seek ends every lease of the subscription in the table (its ack ids no longer
+apply), so once it has committed the server's streams of that subscription forget what
+they held and ask again at once (``StreamHub.sought``): the replayed messages are
+delivered without waiting for an idle recheck or for the client to settle dead ack ids.
 """
 
 from __future__ import annotations
@@ -28,11 +35,11 @@ import grpc.aio
 from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as pb
 
-from ..errors import InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from .. import ackid, names
 from ..types import MAX_ACK_DEADLINE
 from . import convert, streaming
-from .calls import rpc, unimplemented
+from .calls import rpc
 from .publisher_service import page_request
 from .state import LeasedMessage, ServerState, split_for_response
 
@@ -42,7 +49,6 @@ IDLE_RECHECK = 0.5  # seconds between reads while nothing commits
 WAIT_STEP = 0.02  # seconds between stats of the logs while waiting
 DEADLINE_MARGIN = 0.5  # seconds before the call's deadline a waiting Pull answers
 MAX_PULL = 1000
-SNAPSHOTS_LATER = "snapshots and seek are not supported yet: issue 15 brings them"
 
 
 def _ack_ids(subscription: str, ack_ids: Any) -> tuple[str, list[ackid.AckId]]:
@@ -161,9 +167,56 @@ class SubscriberService:
         return pb.PullResponse(received_messages=[received(m) for m in keep])
 
     # -- snapshots and seek (issue 15) ----------------------------------------------------------
-    GetSnapshot = unimplemented("GetSnapshot", SNAPSHOTS_LATER)
-    ListSnapshots = unimplemented("ListSnapshots", SNAPSHOTS_LATER)
-    CreateSnapshot = unimplemented("CreateSnapshot", SNAPSHOTS_LATER)
-    UpdateSnapshot = unimplemented("UpdateSnapshot", SNAPSHOTS_LATER)
-    DeleteSnapshot = unimplemented("DeleteSnapshot", SNAPSHOTS_LATER)
-    Seek = unimplemented("Seek", SNAPSHOTS_LATER)
+    @rpc
+    async def CreateSnapshot(self, request: pb.CreateSnapshotRequest, context: Context) -> pb.Snapshot:
+        body = convert.create_snapshot_request(request)
+        snapshot = await self.state.run(self.state.subscriber.create_snapshot, request=body)
+        return convert.snapshot_to_proto(snapshot)
+
+    @rpc
+    async def GetSnapshot(self, request: pb.GetSnapshotRequest, context: Context) -> pb.Snapshot:
+        snapshot = await self.state.run(self.state.subscriber.get_snapshot, request={"snapshot": request.snapshot})
+        return convert.snapshot_to_proto(snapshot)
+
+    @rpc
+    async def ListSnapshots(self, request: pb.ListSnapshotsRequest, context: Context) -> pb.ListSnapshotsResponse:
+        body = page_request(("project", request.project), request.page_size, request.page_token)
+
+        def first_page() -> Any:
+            return next(iter(self.state.subscriber.list_snapshots(request=body).pages))
+
+        page = await self.state.run(first_page)
+        return pb.ListSnapshotsResponse(
+            snapshots=[convert.snapshot_to_proto(s) for s in page.snapshots], next_page_token=page.next_page_token
+        )
+
+    @rpc
+    async def UpdateSnapshot(self, request: pb.UpdateSnapshotRequest, context: Context) -> pb.Snapshot:
+        body = convert.snapshot_update(request)
+        snapshot = await self.state.run(self.state.subscriber.update_snapshot, request=body)
+        return convert.snapshot_to_proto(snapshot)
+
+    @rpc
+    async def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest, context: Context) -> empty_pb2.Empty:
+        await self.state.run(self.state.subscriber.delete_snapshot, request={"snapshot": request.snapshot})
+        return empty_pb2.Empty()
+
+    @rpc
+    async def Seek(self, request: pb.SeekRequest, context: Context) -> pb.SeekResponse:
+        """One seek commit (the library's), then the subscription's streams here drop the
+        leases it ended and ask again (``StreamHub.sought``; the module docstring). They do
+        so too when the call ends otherwise after the seek may have committed (cancelled, or
+        a failure after the commit): dropping live leases from a stream's count only lets it
+        pass its flow limit by that much, keeping dead ones holds the replay back."""
+        body = convert.seek_request(request)
+        name = str(names.parse_subscription(request.subscription))
+        hub = streaming.hub_for(self.state)
+        try:
+            await self.state.run(self.state.subscriber.seek, request=body)
+        except (InvalidArgument, NotFound, FailedPrecondition):
+            raise  # refused before anything was written
+        except BaseException:
+            hub.sought(name)
+            raise
+        hub.sought(name)
+        return pb.SeekResponse()
