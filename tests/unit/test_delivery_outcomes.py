@@ -39,6 +39,17 @@ def test_ack_succeeds_only_for_the_current_delivery() -> None:
     assert source(got.source) == [("ack", "a", 2, None)]
 
 
+def test_an_ack_id_naming_another_row_version_does_not_apply() -> None:
+    """A seek brings an acked message back as a new row whose attempts restart, with a new
+    (negative) version: an ack id of the old delivery names the same attempt but its old
+    version, and does not apply; ids without a version (the older format) match any."""
+    now = current(("a", 1, LEASED), ("b", 1, LEASED)).append_column("message_version", pa.array([-99, 7], pa.int64()))
+    got = decide("s1", OutcomeKind.ACK, [("a", 1, 7), ("b", 1, 7)], now)
+    assert got.results == [IdResult("a", 1, BAD), IdResult("b", 1, OK)]
+    assert decide("s1", OutcomeKind.ACK, [("a", 1, None)], now).results == [IdResult("a", 1, OK)]
+    assert decide("s1", OutcomeKind.DEADLINE, [("a", 1, -99)], now, LEASED + 1).results == [IdResult("a", 1, OK)]
+
+
 def test_an_expired_lease_still_acks_while_nobody_else_holds_it() -> None:
     got = decide("s1", OutcomeKind.ACK, [("a", 1)], current(("a", 1, 5)))
     assert got.results == [IdResult("a", 1, OK)]
@@ -86,7 +97,8 @@ def test_nack_lease_applies_the_retry_hook_with_the_given_now() -> None:
 
 def test_rows_without_reading() -> None:
     keyed = latest_per_message([("a", 1), ("a", 3), ("b", 2)])
-    assert keyed.to_pylist() == [{"message_id": "a", "delivery_attempt": 3}, {"message_id": "b", "delivery_attempt": 2}]
+    assert keyed.to_pylist() == [{"message_id": "a", "delivery_attempt": 3, "message_version": None},
+                                 {"message_id": "b", "delivery_attempt": 2, "message_version": None}]
     assert source(rows("s1", OutcomeKind.ACK, keyed)) == [("ack", "a", 3, None), ("ack", "b", 2, None)]
     assert source(rows("s1", OutcomeKind.EXPIRY, keyed))[0] == ("nack", "a", 3, NACKED_US)
     with pytest.raises(ValueError, match="lease_expires_us"):

@@ -62,7 +62,9 @@ def delayed_nack_us(due_us: pa.Array) -> pa.Array:
     the negated due time, at or below the nacked mark (see the module docstring)."""
     return pc.negate(due_us.cast(pa.int64()))
 
-_MATCHES = "t.delivery_attempt = s.delivery_attempt"
+# The delivery an outcome names: its attempt and, when the ack id carries it, the row version
+# it was made from (a row a seek brought back restarts its attempts: ``ackid``).
+_MATCHES = "t.delivery_attempt = s.delivery_attempt AND (s.message_version IS NULL OR t.message_version = s.message_version)"
 # A row marked for a dead-letter move belongs to that move until it drops the row
 # (storage/keyed_steps): no outcome or lease may change it meanwhile.
 _UNMARKED = "t.dead_letter_key IS NULL"

@@ -59,10 +59,17 @@ class Lease(NamedTuple):
 
 
 class Delivery(NamedTuple):
-    """A requested outcome names one delivery: its message and attempt."""
+    """A requested outcome names one delivery: its message, attempt and the row version the
+    delivery was made from (None: any; ack ids of the older format carry none)."""
 
     message_id: str
     delivery_attempt: int
+    message_version: int | None = None
+
+
+# What an outcome request names: (message_id, delivery_attempt), optionally with the row's
+# message_version (``Delivery``).
+DeliveryRef = tuple[str, int] | tuple[str, int, int | None]
 
 
 class IdResult(NamedTuple):

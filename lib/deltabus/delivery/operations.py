@@ -23,7 +23,7 @@ from .cursor import IDLE_CURSOR_LAG, cursor_app_id
 from .fanout import from_change_feed
 from .hooks import DeliveryHooks, hooks_for, require_attached
 from .merge import commit
-from .model import IdResult, Lease, OutcomeKind
+from .model import DeliveryRef, IdResult, Lease, OutcomeKind
 from .outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
 from .selection import read_candidates, select
 
@@ -74,7 +74,7 @@ def _outcome_kind(seconds: float) -> OutcomeKind:
     return OutcomeKind.NACK if seconds <= 0 else OutcomeKind.DEADLINE
 
 
-def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]]) -> int:
+def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[DeliveryRef]) -> int:
     """Ack (message_id, delivery_attempt) pairs; return how many messages this acked.
 
     Unknown, already-acked or superseded deliveries are ignored. Reads nothing first.
@@ -94,7 +94,7 @@ def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[s
 def modify_deadline(
     engine: Engine,
     sub: SubscriptionRecord,
-    items: Sequence[tuple[str, int]],
+    items: Sequence[DeliveryRef],
     seconds: float,
     *,
     clock: Callable[[], float],
@@ -134,7 +134,7 @@ def _new_lease(
     return nack_lease(policy, keyed, clock())
 
 
-def acknowledge_results(engine: Engine, sub: SubscriptionRecord, items: Sequence[tuple[str, int]]) -> list[IdResult]:
+def acknowledge_results(engine: Engine, sub: SubscriptionRecord, items: Sequence[DeliveryRef]) -> list[IdResult]:
     """Ack (message_id, delivery_attempt) pairs; return the result of each, in order.
 
     Reads the current rows of those messages first (in the snapshot the MERGE commits on),
@@ -145,7 +145,7 @@ def acknowledge_results(engine: Engine, sub: SubscriptionRecord, items: Sequence
 def modify_deadline_results(
     engine: Engine,
     sub: SubscriptionRecord,
-    items: Sequence[tuple[str, int]],
+    items: Sequence[DeliveryRef],
     seconds: float,
     *,
     clock: Callable[[], float],
@@ -160,7 +160,7 @@ def modify_deadline_results(
 def _with_results(
     engine: Engine,
     sub: SubscriptionRecord,
-    items: Sequence[tuple[str, int]],
+    items: Sequence[DeliveryRef],
     kind: OutcomeKind,
     seconds: float,
     clock: Callable[[], float],
@@ -173,7 +173,7 @@ def _with_results(
 
     def fn(snap: Snapshot) -> list[IdResult]:
         lease = _new_lease(kind, keyed, seconds, clock, policy) if kind is not OutcomeKind.ACK else None
-        current = read_current(snap, sub.sub_uid, [m for m, _ in items])
+        current = read_current(snap, sub.sub_uid, [item[0] for item in items])
         decision = decide(sub.sub_uid, kind, items, current, lease)
         parts = [decision.source]
         if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too

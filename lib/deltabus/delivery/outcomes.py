@@ -1,8 +1,9 @@
 """Outcomes of deliveries (ack, nack, deadline change, expiry, give-up) as MERGE source rows.
 
-Contract: an outcome names one delivery, (message_id, delivery_attempt), and applies only
-while that delivery is still the current one (same attempt): an ack id from an earlier
-delivery never acks or extends a later one. A nack ends the lease at the retry delay
+Contract: an outcome names one delivery, (message_id, delivery_attempt) and the row version
+its ack id carries (``ackid``; None: any), and applies only while that delivery is still
+the current one (same attempt, same version): an ack id from an earlier delivery never acks
+or extends a later one, even of a row a seek brought back. A nack ends the lease at the retry delay
 (the NACKED sentinel by default); a deadline change never applies to a nacked row, nor
 to a row never delivered. Nothing applies to a delivery the ordering cascade ended
 (``merge.CASCADED_US``): its message comes again after its key's earlier one. Several
@@ -28,7 +29,7 @@ from ..policy.ordering import followers
 from ..timestamps import TS, ts_scalar
 from .hooks import DeliveryHooks
 from .merge import CASCADED_US, NACKED_US, cascade_rows, source_rows
-from .model import Delivery, IdResult, Op, OutcomeKind, Result
+from .model import Delivery, DeliveryRef, IdResult, Op, OutcomeKind, Result
 
 _OP = {
     OutcomeKind.ACK: Op.ACK,
@@ -41,22 +42,30 @@ _OP = {
 # at or below it are nacked).
 _NACKED_MAX_US = 1
 
-CURRENT_COLUMNS = ["message_id", "delivery_attempt", "lease_expires"]
+CURRENT_COLUMNS = ["message_id", "delivery_attempt", "lease_expires", "message_version"]
 
 
 def op_of(kind: OutcomeKind) -> Op:
     return _OP[kind]
 
 
-def latest_per_message(items: Iterable[tuple[str, int]]) -> pa.Table:
-    """(message_id, delivery_attempt) with one row per message: its latest requested attempt."""
-    latest: dict[str, int] = {}
-    for message_id, attempt in items:
-        if attempt > latest.get(message_id, -1):
-            latest[message_id] = attempt
-    return pa.table(
-        {"message_id": pa.array(list(latest), pa.string()), "delivery_attempt": pa.array(list(latest.values()), pa.int32())}
-    )
+def _ref(item: DeliveryRef | Delivery) -> tuple[str, int, int | None]:
+    return (item[0], item[1], item[2] if len(item) > 2 else None)
+
+
+def latest_per_message(items: Iterable[DeliveryRef | Delivery]) -> pa.Table:
+    """(message_id, delivery_attempt, message_version) with one row per message: its latest
+    requested attempt (and that request's version; null when it named none)."""
+    latest: dict[str, tuple[int, int | None]] = {}
+    for item in items:
+        message_id, attempt, version = _ref(item)
+        if attempt > latest.get(message_id, (-1, None))[0]:
+            latest[message_id] = (attempt, version)
+    return pa.table({
+        "message_id": pa.array(list(latest), pa.string()),
+        "delivery_attempt": pa.array([a for a, _ in latest.values()], pa.int32()),
+        "message_version": pa.array([v for _, v in latest.values()], pa.int64()),
+    })
 
 
 def rows(
@@ -121,11 +130,11 @@ class Decision(NamedTuple):
     source: pa.Table  # the source rows that apply (SOURCE_SCHEMA); empty when none does
 
 
-def _applies(kind: OutcomeKind, attempt: int, current: tuple[int, int | None] | None) -> bool:
+def _applies(kind: OutcomeKind, attempt: int, version: int | None, current: tuple[int, int | None, int | None] | None) -> bool:
     if current is None:
         return False
-    now_attempt, lease_us = current
-    if now_attempt != attempt:
+    now_attempt, lease_us, now_version = current
+    if now_attempt != attempt or (version is not None and version != now_version):
         return False
     op = op_of(kind)
     if op in (Op.NACK, Op.DEADLINE) and now_attempt <= 0:
@@ -140,7 +149,7 @@ def _applies(kind: OutcomeKind, attempt: int, current: tuple[int, int | None] | 
 def decide(
     sub_uid: str,
     kind: OutcomeKind,
-    requested: Sequence[Delivery | tuple[str, int]],
+    requested: Sequence[Delivery | DeliveryRef],
     current: pa.Table,
     lease_expires_us: int | pa.Array | None = None,
 ) -> Decision:
@@ -151,12 +160,15 @@ def decide(
     message is also requested with a later attempt is superseded. `lease_expires_us` as
     for ``rows``; an array is one value per message of ``latest_per_message(requested)``. Pure."""
     lease = current["lease_expires"].cast(pa.int64()).to_pylist()
-    now_rows = dict(zip(current["message_id"].to_pylist(), zip(current["delivery_attempt"].to_pylist(), lease)))
+    versions = current["message_version"].to_pylist() if "message_version" in current.column_names else [None] * current.num_rows
+    now_rows = dict(zip(current["message_id"].to_pylist(), zip(current["delivery_attempt"].to_pylist(), lease, versions)))
     latest = latest_per_message(requested)
-    keep = dict(zip(latest["message_id"].to_pylist(), latest["delivery_attempt"].to_pylist()))
-    ok = {m for m, a in keep.items() if _applies(kind, a, now_rows.get(m))}
+    keep = {m: (a, v) for m, a, v in zip(latest["message_id"].to_pylist(), latest["delivery_attempt"].to_pylist(),
+                                          latest["message_version"].to_pylist())}
+    ok = {m for m, (a, v) in keep.items() if _applies(kind, a, v, now_rows.get(m))}
+    refs = [_ref(r) for r in requested]
     results = [
-        IdResult(m, a, Result.SUCCESS if m in ok and keep[m] == a else Result.INVALID_ACK_ID) for m, a in requested
+        IdResult(m, a, Result.SUCCESS if m in ok and keep[m] == (a, v) else Result.INVALID_ACK_ID) for m, a, v in refs
     ]
     mask = pc.is_in(latest["message_id"], pa.array(sorted(ok), pa.string())).combine_chunks()
     if isinstance(lease_expires_us, pa.Array):

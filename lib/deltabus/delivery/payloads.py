@@ -55,6 +55,6 @@ def received_messages(
             publish_time=row["publish_time"],
             ordering_key=row["ordering_key"] or "",
         )
-        out.append(ReceivedMessage(ackid.encode(sub_uid, lease.message_id, lease.delivery_attempt), msg,
+        out.append(ReceivedMessage(ackid.encode(sub_uid, lease.message_id, lease.delivery_attempt, lease.message_version), msg,
                                    lease.delivery_attempt if with_attempts else 0))
     return out

@@ -19,13 +19,16 @@ a message that comes back). Rows marked for a dead-letter move are left to that 
   of the topic committed after that cursor (read from the messages table's change feed:
   ``retention`` keeps that history for every live snapshot).
 
-Every message passes the subscription's filter first. Messages that come back by time
-carry the cursor as their ``message_version``, in message-id (publish-time) order, below
-every message fanned out later: ordering keys see them in publish order.
+Every message passes the subscription's filter first. Every message the subscription may
+have had before (up to its cursor) gets the seek's epoch as its ``message_version``
+(``seek_epoch``: negative, new): its ack ids then differ from every earlier delivery's,
+although a message brought back as a new row starts its attempts again at 1, and those
+messages come first, in message-id (publish-time) order, before every message fanned out
+later: ordering keys see them in publish order.
 
 Cost: a seek reads the partition's keys and, for a seek back in time with retention, the
 topic's messages published since T (keys only, unless the subscription has a filter), and
-writes one MERGE whose source has a row per message decided. See README "Seek" for figures.
+writes one MERGE whose source has a row per message decided. See README "Retention, seek and snapshots" for figures.
 """
 
 from __future__ import annotations
@@ -116,18 +119,41 @@ def _current(snap: Snapshot, uid: str) -> pa.Table:
 Decide = Callable[[Snapshot, Snapshot, int, int], pa.Table]
 
 
-def _commit(engine: Engine, sub: SubscriptionRecord, decide: Decide, what: str) -> SeekResult:
+def seek_epoch(now_us: int, current: pa.Table) -> int:
+    """The message_version a seek gives every message it keeps or brings back that the
+    subscription may have had before (version up to its cursor): negative, so no fan-out
+    version (>= 0) and no earlier seek's epoch (an earlier time) equals it, and below every
+    version the partition holds. An ack id names (attempt, version), so no ack id of a
+    delivery made before the seek names one made after (``ackid``). Pure."""
+    epoch = -now_us
+    if current.num_rows:
+        low = pc.min(current["message_version"]).as_py()
+        if low is not None and low <= epoch:
+            epoch = low - 1
+    return epoch
+
+
+def _commit(engine: Engine, sub: SubscriptionRecord, decide: Decide, what: str, clock: Callable[[], float]) -> SeekResult:
     """Run one seek: `decide(deliveries snapshot, messages snapshot, cursor, latest)` gives
-    the keys of every message unacked afterwards; `latest` is the messages snapshot's version."""
+    the keys of every message unacked afterwards; `latest` is the messages snapshot's version.
+    Those up to the cursor get the seek's epoch as their version (``seek_epoch``), so they
+    come first, in message-id (publish-time) order; later ones keep their fan-out version."""
     uid = sub.sub_uid
 
     def fn(snap: Snapshot) -> SeekResult:
         cursor = read_cursor(snap, sub)
         messages = engine.snapshot(MESSAGES.name)
         latest = max(cursor, messages.version)
+        current = _current(snap, uid)
         wanted = decide(snap, messages, cursor, latest)
+        epoch = seek_epoch(to_us(clock()), current)
+        seen = pc.less_equal(wanted["message_version"], cursor)
+        wanted = wanted.set_column(
+            _KEYS.index("message_version"), "message_version",
+            pc.if_else(seen, pa.scalar(epoch, pa.int64()), wanted["message_version"]),
+        )
         wanted = wanted.take(pc.sort_indices(wanted, [("message_version", "ascending"), ("message_id", "ascending")]))
-        parts, dropped, replayed = _plan(sub, _current(snap, uid), wanted)
+        parts, dropped, replayed = _plan(sub, current, wanted)
         txns = [(cursor_app_id(uid), latest)] if latest > cursor else []
         commit(snap, parts, [uid], txns)
         return SeekResult(wanted.num_rows, dropped, replayed, latest)
@@ -167,13 +193,13 @@ def seek_to_time(
             retained = _filtered(retained, keep)
             retained = retained.append_column("message_version", pa.repeat(pa.scalar(cursor, pa.int64()), retained.num_rows))
             older = _union(held, retained)
-        # Messages up to the cursor come back at the cursor's version, in publish order.
+        # Messages up to the cursor: at the cursor's version here, the seek's epoch once decided.
         older = _keys(older).set_column(
             _KEYS.index("message_version"), "message_version", pa.repeat(pa.scalar(cursor, pa.int64()), older.num_rows)
         )
         return _union(_keys(fresh), older)
 
-    return _commit(engine, sub, decide, f"seek {sub.name} to {utc(when).isoformat()}")
+    return _commit(engine, sub, decide, f"seek {sub.name} to {utc(when).isoformat()}", clock)
 
 
 class Capture(NamedTuple):
@@ -245,12 +271,13 @@ def seek_to_snapshot(
         after = read_unfanned(engine, sub, rec.cursor_version + 1, latest, attributes=keep is not None)
         return _union(_keys(_filtered(after, keep)), _keys(messages))
 
-    return _commit(engine, sub, decide, f"seek {sub.name} to snapshot {rec.name}")
+    return _commit(engine, sub, decide, f"seek {sub.name} to snapshot {rec.name}", clock)
 
 
 __all__ = [
     "SeekResult",
     "replay_horizon",
+    "seek_epoch",
     "seek_to_time",
     "Capture",
     "capture",

@@ -33,6 +33,7 @@ class Outcome(NamedTuple):
     message_id: str
     delivery_attempt: int
     seconds: float | None
+    message_version: int | None = None  # the row version the ack id carries (None: any)
 
 
 def resolve(outcomes: Sequence[Outcome]) -> dict[str, Outcome]:
@@ -54,7 +55,10 @@ def resolve(outcomes: Sequence[Outcome]) -> dict[str, Outcome]:
 
 def result_of(item: Outcome, winner: Outcome | None, applied: bool) -> bool:
     """Whether `item` counts as applied: it names the winner's delivery and the winner applied."""
-    return winner is not None and applied and item.delivery_attempt == winner.delivery_attempt
+    return (
+        winner is not None and applied and item.delivery_attempt == winner.delivery_attempt
+        and (item.message_version is None or item.message_version == winner.message_version)
+    )
 
 
 def split(keys: Sequence[str], wants: Sequence[int]) -> list[list[int]]:

@@ -160,7 +160,8 @@ def run_round(
     room = min(sum(wants), max_leases)
     if room > 0:  # as pull: finish unfinished moves first; a missing topic drops give_up
         policy, dead = dead_letter.prepare(engine, sub, policy, clock)
-    flat = [Outcome(i.message_id, i.delivery_attempt, a.seconds) for a in outcome_asks for i in a.ids if i.sub_uid == uid]
+    flat = [Outcome(i.message_id, i.delivery_attempt, a.seconds, i.message_version)
+            for a in outcome_asks for i in a.ids if i.sub_uid == uid]
     winners = resolve(flat)
     want = any(a.want_results for a in outcome_asks)
     lease_secs = [float(sub.ack_deadline_seconds) if a.lease_seconds is None else a.lease_seconds for a in lease_asks]
@@ -230,7 +231,7 @@ def run_round(
             answers[i] = [
                 IdResult(x.message_id, x.delivery_attempt,
                          Result.SUCCESS if x.sub_uid == uid and result_of(
-                             Outcome(x.message_id, x.delivery_attempt, a.seconds), winners.get(x.message_id),
+                             Outcome(x.message_id, x.delivery_attempt, a.seconds, x.message_version), winners.get(x.message_id),
                              ok.get(x.message_id, False)) else Result.INVALID_ACK_ID)
                 for x in a.ids
             ]
@@ -252,6 +253,7 @@ def _pairs(outcomes: Sequence[Outcome]) -> pa.Table:
     return pa.table({
         "message_id": pa.array([o.message_id for o in outcomes], pa.string()),
         "delivery_attempt": pa.array([o.delivery_attempt for o in outcomes], pa.int32()),
+        "message_version": pa.array([o.message_version for o in outcomes], pa.int64()),
     })
 
 
@@ -278,7 +280,7 @@ def _outcome_parts(
         if current is None:
             parts[kind] = rows(uid, kind, _pairs(group), lease)
         else:
-            d = decide(uid, kind, [(w.message_id, w.delivery_attempt) for w in group], current, lease)
+            d = decide(uid, kind, [(w.message_id, w.delivery_attempt, w.message_version) for w in group], current, lease)
             assert applied is not None
             for r in d.results:
                 applied[r.message_id] = r.result is Result.SUCCESS

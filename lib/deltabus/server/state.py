@@ -118,7 +118,7 @@ class ServerState:
             data = row["data"] or b""
             out.append(
                 LeasedMessage(
-                    ack_id=ackid.encode(rec.sub_uid, lease.message_id, lease.delivery_attempt),
+                    ack_id=ackid.encode(rec.sub_uid, lease.message_id, lease.delivery_attempt, lease.message_version),
                     message_id=lease.message_id,
                     data=data,
                     attributes=attributes,

@@ -18,7 +18,7 @@ from ..delivery.payloads import fetch_messages, received_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, required
-from ..delivery.model import Result
+from ..delivery.model import DeliveryRef, Result
 from ..errors import AcknowledgeError, AcknowledgeStatus, ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached
 from ..delivery import seek as seeking
 from ..pagers import ListSnapshotsPager, ListSubscriptionsPager
@@ -264,7 +264,7 @@ class SubscriberClient(ClientBase):
         ``retain_acked_messages``). To a snapshot of the same topic: unacked are exactly the
         messages unacked when it was taken and every message published after.
         Outstanding leases end: those messages are delivered again, and acks of deliveries
-        made before the seek no longer apply. See README "Seek and snapshots"."""
+        made before the seek no longer apply. See README "Retention, seek and snapshots"."""
         f = fields("seek", request, {"subscription", "time", "snapshot"}, subscription=subscription, time=time, snapshot=snapshot)
         rec = self._sub(required(f, "subscription", "seek"))
         when, snapshot = f.get("time"), f.get("snapshot")
@@ -436,14 +436,14 @@ class SubscriberClient(ClientBase):
             uris.append(uri)
         return lw, uris
 
-    def _decode(self, rec: SubscriptionRecord, ack_ids: Any) -> list[tuple[str, int]]:
+    def _decode(self, rec: SubscriptionRecord, ack_ids: Any) -> list[DeliveryRef]:
         if isinstance(ack_ids, str) or not isinstance(ack_ids, Iterable):
             raise InvalidArgument("ack_ids", "must be a list of ack ids")
         decoded = [ackid.decode(a, f"ack_ids[{i}]") for i, a in enumerate(ack_ids)]
         if not decoded:
             raise InvalidArgument("ack_ids", "at least one ack id is required")
         # Ack ids of another subscription (or of an earlier incarnation of this one) are ignored.
-        return [(d.message_id, d.delivery_attempt) for d in decoded if d.sub_uid == rec.sub_uid]
+        return [(d.message_id, d.delivery_attempt, d.message_version) for d in decoded if d.sub_uid == rec.sub_uid]
 
     def _results(self, subscription: str, ack_ids: Sequence[str], seconds: int | None) -> dict[str, AcknowledgeStatus]:
         """Ack (`seconds` None) or change the deadline of `ack_ids`, reading the rows first, and
@@ -455,7 +455,7 @@ class SubscriberClient(ClientBase):
         decoded = [ackid.decode(a, f"ack_ids[{i}]") for i, a in enumerate(ack_ids)]
         if not decoded:
             raise InvalidArgument("ack_ids", "at least one ack id is required")
-        mine = [(a, (d.message_id, d.delivery_attempt)) for a, d in zip(ack_ids, decoded) if d.sub_uid == rec.sub_uid]
+        mine = [(a, (d.message_id, d.delivery_attempt, d.message_version)) for a, d in zip(ack_ids, decoded) if d.sub_uid == rec.sub_uid]
         out = {a: AcknowledgeStatus.INVALID_ACK_ID for a in ack_ids}  # another subscription's: never applies
         if mine:
             items = [pair for _, pair in mine]
