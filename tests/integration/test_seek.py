@@ -12,7 +12,7 @@ from typing import Iterable
 import pytest
 
 from deltabus import PublisherClient, SubscriberClient
-from deltabus.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from deltabus.errors import AcknowledgeError, AcknowledgeStatus, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from deltabus.types import DAY, PublisherOptions
 from tests.conftest import ManualClock, table_versions
 
@@ -268,3 +268,22 @@ def test_a_snapshot_that_would_expire_within_the_hour_is_refused(pub, warehouse,
     assert made.expire_time is not None
     assert made.expire_time.timestamp() == pytest.approx(published + 7 * DAY, abs=5)  # 7 days after "ancient"
     sub.close()
+
+
+def test_an_old_ack_id_never_acks_a_message_the_seek_brought_back(pub, sub, topic) -> None:
+    """The message is acked, then brought back as a new row whose attempts restart at 1: a
+    late duplicate of the old ack (same attempt) must not ack the replay."""
+    name = sub.subscription_path(P, "dup-acks")
+    sub.create_subscription(request={"name": name, "topic": topic, "retain_acked_messages": True,
+                                     "enable_exactly_once_delivery": True})
+    publish(pub, topic, ["once"])
+    (old,) = sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+    sub.acknowledge(subscription=name, ack_ids=[old.ack_id])
+    sub.seek(subscription=name, time=0)
+    (new,) = sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+    assert new.delivery_attempt == old.delivery_attempt == 1 and new.ack_id != old.ack_id
+    with pytest.raises(AcknowledgeError) as e:
+        sub.acknowledge(subscription=name, ack_ids=[old.ack_id])
+    assert e.value.failed == {old.ack_id: AcknowledgeStatus.INVALID_ACK_ID}
+    sub.acknowledge(subscription=name, ack_ids=[new.ack_id])
+    assert drain(sub, name) == []
