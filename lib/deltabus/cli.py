@@ -1,4 +1,4 @@
-"""The deltabus command line: topics, subscriptions, publish, pull, backlog.
+"""The deltabus command line: topics, subscriptions, snapshots, seek, publish, pull, backlog.
 
 --warehouse and --project go before or after the command. Names are full
 (projects/P/topics/T) or short ids under --project (default: $DELTABUS_PROJECT or
@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import datetime
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
+import time
 from typing import Any, Iterator, Mapping, NoReturn, Protocol, Sequence, TextIO
 
 from .errors import DeltabusError, InvalidArgument, WarehouseNotFound
@@ -71,6 +74,10 @@ def _sub(args: argparse.Namespace, name: str) -> str:
     return name if name.startswith("projects/") else f"projects/{args.project}/subscriptions/{name}"
 
 
+def _snapshot(args: argparse.Namespace, name: str) -> str:
+    return name if name.startswith("projects/") else f"projects/{args.project}/snapshots/{name}"
+
+
 def _pairs(pairs: Sequence[str] | None, flag: str) -> dict[str, str]:
     out = {}
     for p in pairs or []:
@@ -89,6 +96,56 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
     return value
+
+
+TIME_RULE = "must be an RFC 3339 time such as 2026-11-26T12:00:00Z, or a duration back from now such as -1h, -30m or -2d"
+# What `seek` reads as a value although it starts with '-' (a '-' then a digit, as Python
+# 3.13's argparse does): older argparse reads only plain negative numbers so, and would take
+# "-1h" for an unknown option. No option of `seek` starts with a digit.
+RELATIVE_TIME = re.compile(r"^-\.?\d")
+
+
+def _seek_time(text: str, now: float) -> float:
+    """`seek --time`: an RFC 3339 time, or a duration back from `now` (``-1h``), as seconds
+    since the epoch. Checked before anything is opened; errors name --time."""
+    from .subscription_fields import parse_duration
+    from .types import timestamp_seconds
+
+    value = text.strip()
+    if value.startswith("-"):
+        try:
+            back = parse_duration(value[1:])
+        except argparse.ArgumentTypeError:
+            back = math.nan
+        if not math.isfinite(back) or back < 0:
+            raise InvalidArgument("--time", f"{TIME_RULE}, got {text!r}")
+        return now - back
+    try:
+        return timestamp_seconds(value, "--time")
+    except InvalidArgument:
+        raise InvalidArgument("--time", f"{TIME_RULE}, got {text!r}") from None
+
+
+def _rfc3339(when: float | datetime.datetime | None) -> str | None:
+    """A time (seconds since the epoch or a datetime; naive is UTC) as RFC 3339 UTC text; None stays None."""
+    utc = datetime.timezone.utc
+    if when is None:
+        return None
+    if isinstance(when, datetime.datetime):
+        at = (when if when.tzinfo is not None else when.replace(tzinfo=utc)).astimezone(utc)
+    else:
+        at = datetime.datetime.fromtimestamp(when, utc)
+    return at.isoformat(timespec="microseconds" if at.microsecond else "seconds").replace("+00:00", "Z")
+
+
+def _duration(seconds: float | None) -> str:
+    """A duration as the CLI takes it: 2d, 36h, 10m, 45s ('' for none)."""
+    if seconds is None:
+        return ""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _flag(field: str, flags: Mapping[str, str]) -> str:
@@ -235,16 +292,39 @@ def cmd_init(args: argparse.Namespace, out: TextIO) -> None:
     print(f"{'warehouse already at' if existed else 'created warehouse at'} {engine.warehouse}", file=out)
 
 
+def _topic_dict(t: Any) -> dict[str, Any]:
+    """What `topics get` shows: name, labels and the retention in seconds (null: none)."""
+    return {"name": t.name, "labels": dict(t.labels), "message_retention_duration": t.message_retention_duration}
+
+
 def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
-    pub = _publisher(args)
     if args.action == "create":
-        t = pub.create_topic(name=_topic(args, args.name), labels=_pairs(args.label, "--label"))
-        print(f"created topic {t.name}", file=out)
+        request: dict[str, Any] = {"name": _topic(args, args.name), "labels": _pairs(args.label, "--label")}
+        if args.retention is not None:
+            request["message_retention_duration"] = args.retention
+        t = _publisher(args).create_topic(request=request)
+        kept = f" (keeps messages {_duration(t.message_retention_duration)})" if t.message_retention_duration else ""
+        print(f"created topic {t.name}{kept}", file=out)
     elif args.action == "list":
-        rows = [{"name": t.name, "labels": ",".join(f"{k}={v}" for k, v in t.labels.items())} for t in pub.list_topics(project=args.project)]
-        print(_table(rows, ["name", "labels"]), file=out)
+        rows = [{"name": t.name, "labels": ",".join(f"{k}={v}" for k, v in t.labels.items()),
+                 "retention": _duration(t.message_retention_duration)} for t in _publisher(args).list_topics(project=args.project)]
+        print(_table(rows, ["name", "labels", "retention"]), file=out)
+    elif args.action == "get":
+        print(json.dumps(_topic_dict(_publisher(args).get_topic(topic=_topic(args, args.name))), indent=2), file=out)
+    elif args.action == "update":
+        name = _topic(args, args.name)
+        body: dict[str, Any] = {"name": name}
+        if args.label is not None:
+            body["labels"] = _pairs(args.label, "--label")
+        if args.retention is not None or args.no_retention:
+            body["message_retention_duration"] = None if args.no_retention else args.retention
+        mask = [f for f in body if f != "name"]
+        if not mask:
+            raise InvalidArgument("update", "nothing to change: give --label, --retention or --no-retention")
+        _publisher(args).update_topic(topic=body, update_mask=mask)
+        print(f"updated {name}: {', '.join(mask)}", file=out)
     elif args.action == "delete":
-        pub.delete_topic(topic=_topic(args, args.name))
+        _publisher(args).delete_topic(topic=_topic(args, args.name))
         print(f"deleted topic {_topic(args, args.name)}", file=out)
 
 
@@ -289,6 +369,45 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
     elif args.action == "detach":
         _publisher(args).detach_subscription(subscription=_sub(args, args.name))
         print(f"detached subscription {_sub(args, args.name)} from its topic (its messages are dropped)", file=out)
+
+
+def _snapshot_dict(n: Any) -> dict[str, Any]:
+    """What `snapshots get` shows: name, topic, labels and when maintenance deletes it."""
+    return {"name": n.name, "topic": n.topic, "labels": dict(n.labels), "expire_time": _rfc3339(n.expire_time)}
+
+
+def cmd_snapshots(args: argparse.Namespace, out: TextIO) -> None:
+    if args.action == "create":
+        request = {"name": _snapshot(args, args.name), "subscription": _sub(args, args.subscription),
+                   "labels": _pairs(args.label, "--label")}
+        n = _subscriber(args).create_snapshot(request=request)
+        print(f"created snapshot {n.name} of {request['subscription']} (expires {_rfc3339(n.expire_time)})", file=out)
+    elif args.action == "list":
+        rows = [{**_snapshot_dict(n), "labels": ",".join(f"{k}={v}" for k, v in n.labels.items())}
+                for n in _subscriber(args).list_snapshots(project=args.project)]
+        print(_table(rows, ["name", "topic", "expire_time", "labels"]), file=out)
+    elif args.action == "get":
+        print(json.dumps(_snapshot_dict(_subscriber(args).get_snapshot(snapshot=_snapshot(args, args.name))), indent=2), file=out)
+    elif args.action == "update":
+        name = _snapshot(args, args.name)
+        labels = _pairs(args.label, "--label")
+        _subscriber(args).update_snapshot(snapshot={"name": name, "labels": labels}, update_mask=["labels"])
+        print(f"updated {name}: labels", file=out)
+    elif args.action == "delete":
+        _subscriber(args).delete_snapshot(snapshot=_snapshot(args, args.name))
+        print(f"deleted snapshot {_snapshot(args, args.name)}", file=out)
+
+
+def cmd_seek(args: argparse.Namespace, out: TextIO) -> None:
+    name = _sub(args, args.subscription)
+    if args.time is not None:
+        at = _seek_time(args.time, time.time())  # checked before the warehouse is opened
+        _subscriber(args).seek(request={"subscription": name, "time": at})
+        print(f"seeked {name} to {_rfc3339(at)} (messages published before it count as acked)", file=out)
+    else:
+        snapshot = _snapshot(args, args.snapshot)
+        _subscriber(args).seek(request={"subscription": name, "snapshot": snapshot})
+        print(f"seeked {name} to snapshot {snapshot} (its unacked messages and every later one are unacked)", file=out)
 
 
 def _argument_messages(args: argparse.Namespace, attrs: dict[str, str]) -> list[tuple[int, bytes]]:
@@ -512,12 +631,26 @@ def build_parser() -> argparse.ArgumentParser:
     i = command(cmds, "init", "create an empty warehouse (its tables) if there is none; the push job and 'topics create' also do")
     i.set_defaults(func=cmd_init)
 
-    t = command(cmds, "topics", "create, list or delete topics")
+    from .subscription_fields import parse_duration
+
+    t = command(cmds, "topics", "create, list, get, update or delete topics")
     ta = t.add_subparsers(dest="action", required=True, metavar="ACTION")
-    c = command(ta, "create", "create a topic (and the warehouse, if there is none)", {"name": "TOPIC", "labels": "--label"})
+    c = command(ta, "create", "create a topic (and the warehouse, if there is none)",
+                {"name": "TOPIC", "labels": "--label", "message_retention_duration": "--retention"})
     c.add_argument("name", metavar="TOPIC")
     c.add_argument("--label", action="append", metavar="KEY=VALUE")
+    c.add_argument("--retention", type=parse_duration, metavar="DURATION",
+                   help="keep every message this long, acked or not, so subscriptions can seek back: 10m..31d (default: none)")
     command(ta, "list", "list the project's topics")
+    g = command(ta, "get", "show one topic as JSON", {"topic": "TOPIC"})
+    g.add_argument("name", metavar="TOPIC")
+    u = command(ta, "update", "change a topic's labels or retention",
+                {"topic.name": "TOPIC", "topic.labels": "--label", "topic.message_retention_duration": "--retention"})
+    u.add_argument("name", metavar="TOPIC")
+    u.add_argument("--label", action="append", metavar="KEY=VALUE", help="the new labels (replace all of them)")
+    keep = u.add_mutually_exclusive_group()
+    keep.add_argument("--retention", type=parse_duration, metavar="DURATION", help="10m..31d")
+    keep.add_argument("--no-retention", action="store_true", help="remove the topic's retention")
     d = command(ta, "delete", "delete a topic (its subscriptions keep what they hold)", {"topic": "TOPIC"})
     d.add_argument("name", metavar="TOPIC")
     t.set_defaults(func=cmd_topics)
@@ -591,6 +724,37 @@ def build_parser() -> argparse.ArgumentParser:
                  "dropped and it gets no more (pull and acks on it then fail)", {"subscription": "SUBSCRIPTION"})
     dt.add_argument("name", metavar="SUBSCRIPTION")
     s.set_defaults(func=cmd_subscriptions)
+
+    n = command(cmds, "snapshots", "create, list, get, update or delete snapshots (for seek)")
+    na = n.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = command(na, "create", "snapshot a subscription: its unacked messages now, and every message published after "
+                "(expires when its oldest unacked message is 7 days old)",
+                {"name": "SNAPSHOT", "subscription": "--subscription", "labels": "--label"})
+    c.add_argument("name", metavar="SNAPSHOT")
+    c.add_argument("--subscription", required=True, metavar="SUBSCRIPTION")
+    c.add_argument("--label", action="append", metavar="KEY=VALUE")
+    command(na, "list", "list the project's snapshots")
+    g = command(na, "get", "show one snapshot as JSON", {"snapshot": "SNAPSHOT"})
+    g.add_argument("name", metavar="SNAPSHOT")
+    u = command(na, "update", "replace a snapshot's labels", {"snapshot.name": "SNAPSHOT", "snapshot.labels": "--label"})
+    u.add_argument("name", metavar="SNAPSHOT")
+    u.add_argument("--label", action="append", required=True, metavar="KEY=VALUE", help="the new labels (replace all of them)")
+    d = command(na, "delete", "delete a snapshot", {"snapshot": "SNAPSHOT"})
+    d.add_argument("name", metavar="SNAPSHOT")
+    n.set_defaults(func=cmd_snapshots)
+
+    sk = command(cmds, "seek", "seek a subscription to a time or a snapshot: what it counts as acked or unacked is "
+                 "replaced; outstanding messages are delivered again and acks of earlier deliveries no longer apply",
+                 {"subscription": "SUBSCRIPTION", "time": "--time", "snapshot": "--snapshot"})
+    sk._negative_number_matcher = RELATIVE_TIME  # `--time -1h` is a value, not an unknown option
+    sk.add_argument("subscription", metavar="SUBSCRIPTION")
+    to = sk.add_mutually_exclusive_group(required=True)
+    to.add_argument("--time", metavar="TIME", help="an RFC 3339 time (2026-11-26T12:00:00Z) or a duration back from now "
+                    "(-1h, -30m, -2d): messages published before it count as acked; acked ones after it come back "
+                    "if the topic's retention or --retain-acked kept them")
+    to.add_argument("--snapshot", metavar="SNAPSHOT", help="a snapshot of the subscription's topic: exactly its unacked "
+                    "messages and every message published after it are unacked")
+    sk.set_defaults(func=cmd_seek)
 
     pb = command(cmds, "publish", "publish messages from arguments or a JSON-lines file", {"topic": "TOPIC"}, epilog=JSONL_HELP)
     pb.add_argument("topic", metavar="TOPIC")

@@ -30,7 +30,8 @@ def run(warehouse, *args, input=None, ok=True):
 
 
 def test_help_everywhere(warehouse):
-    for args in ([], ["init"], ["topics"], ["topics", "create"], ["subscriptions"], ["subscriptions", "update"], ["publish"], ["pull"], ["backlog"], ["maintenance"]):
+    for args in ([], ["init"], ["topics"], ["topics", "create"], ["topics", "update"], ["subscriptions"], ["subscriptions", "update"],
+                 ["snapshots"], ["snapshots", "create"], ["seek"], ["publish"], ["pull"], ["backlog"], ["maintenance"]):
         p = run(warehouse, *args, "--help")
         assert "usage: deltabus" in p.stdout
 
@@ -86,6 +87,7 @@ def test_publish_pull_ack_and_backlog(warehouse, tmp_path):
         (["subscriptions", "create", "s-3", "--topic", "events", "--push-endpoint", "http://127.0.0.1:1/p"], "https; add --allow-http"),
         (["publish", "events"], "give message data"),
         (["pull", "nothing-here"], "subscription not found"),
+        (["seek", "events-sub", "--time", "yesterday"], "--time: must be an RFC 3339 time such as 2026-11-26T12:00:00Z, or a duration back"),
     ],
 )
 def test_errors_are_one_line_and_write_nothing(warehouse, args, words):
@@ -136,6 +138,10 @@ READS = [
     ["subscriptions", "update", "orders-sub", "--ack-deadline", "20"],
     ["subscriptions", "create", "orders-sub", "--topic", "orders"],
     ["publish", "orders", "hello"], ["pull", "orders-sub"], ["backlog"], ["maintenance"],
+    ["topics", "get", "orders"], ["topics", "update", "orders", "--retention", "1d"],
+    ["seek", "orders-sub", "--time", "-1h"], ["seek", "orders-sub", "--snapshot", "snap-1"],
+    ["snapshots", "list"], ["snapshots", "get", "snap-1"], ["snapshots", "create", "snap-1", "--subscription", "orders-sub"],
+    ["snapshots", "update", "snap-1", "--label", "k=v"], ["snapshots", "delete", "snap-1"],
 ]
 
 
@@ -269,6 +275,26 @@ def test_allow_http_flag_and_pull_with_push_options(capsys, events):
         (["maintenance", "--retention-hours", "-1"], "--retention-hours: must be >= 0"),
         (["--project", "9x", "topics", "list"], "--project: project id '9x' must match"),
         (["subscriptions", "update", "events-sub"], "nothing to change"),
+        (["seek", "events-sub", "--time", "soon"], "--time: must be an RFC 3339 time such as 2026-11-26T12:00:00Z, or a duration back "
+                                                   "from now such as -1h, -30m or -2d, got 'soon'"),
+        (["seek", "events-sub", "--time", "-2w"], "--time: must be an RFC 3339 time"),
+        (["seek", "events-sub", "--time", "-1x"], "--time: must be an RFC 3339 time"),
+        (["seek", "events-sub", "--time", "2026-13-01T00:00:00Z"], "--time: must be an RFC 3339 time"),
+        (["seek", "events-sub", "--snapshot", "missing-snap"], "snapshot not found: projects/cli/snapshots/missing-snap"),
+        (["seek", "events-sub", "--snapshot", "x"], "--snapshot: id 'x' must match"),
+        (["seek", "missing-sub", "--time", "-1h"], "subscription not found: projects/cli/subscriptions/missing-sub"),
+        (["snapshots", "create", "snap-1", "--subscription", "missing-sub"], "subscription not found"),
+        (["snapshots", "create", "snap-1", "--subscription", "events-sub", "--label", "Team=x"], "--label 'Team': keys are"),
+        (["snapshots", "create", "x", "--subscription", "events-sub"], "SNAPSHOT: id 'x' must match"),
+        (["snapshots", "get", "missing-snap"], "snapshot not found: projects/cli/snapshots/missing-snap"),
+        (["snapshots", "update", "missing-snap", "--label", "k=v"], "snapshot not found"),
+        (["snapshots", "delete", "missing-snap"], "snapshot not found"),
+        (["topics", "create", "longer", "--retention", "40d"], "--retention: must be 10 minutes..31 days"),
+        (["topics", "update", "events", "--retention", "5m"], "--retention: must be 10 minutes..31 days"),
+        (["topics", "update", "events", "--label", "Team=x"], "--label 'Team': keys are"),
+        (["topics", "update", "events"], "nothing to change: give --label, --retention or --no-retention"),
+        (["topics", "get", "missing-topic"], "topic not found: projects/cli/topics/missing-topic"),
+        (["subscriptions", "create", "kept", "--topic", "events", "--retention", "8d"], "--retention: must be 10 minutes..7 days"),
     ],
 )
 def test_other_commands_name_the_bad_argument(capsys, events, argv, words):
@@ -317,3 +343,85 @@ def test_a_file_named_like_a_flag_is_still_named_with_its_line(capsys, events, t
     _, err = deltabus(capsys, events, "publish", "events", "--file", filename, code=1)
     assert err.strip() == f"deltabus: error: {filename}:2: attributes: must be an object of string values, got an array"
     assert table_versions(events) == before
+
+
+# -- seek and snapshots (issue 15) -------------------------------------------------------------
+def test_seek_back_in_time_replays_acked_messages_with_retain_acked(capsys, events):
+    """`--time -1h` is a value (not an unknown option); only the subscription that keeps
+    acked messages gets them back (the topic keeps none)."""
+    deltabus(capsys, events, "subscriptions", "create", "kept-sub", "--topic", "events", "--retain-acked", "--retention", "1d")
+    got = json.loads(deltabus(capsys, events, "subscriptions", "get", "kept-sub")[0])
+    assert (got["retain_acked_messages"], got["message_retention_duration"]) == (True, 86400.0)
+    deltabus(capsys, events, "publish", "events", "one", "two")
+    for name in ("kept-sub", "events-sub"):
+        assert len(deltabus(capsys, events, "pull", name, "--ack")[0].splitlines()) == 2
+        out, _ = deltabus(capsys, events, "seek", name, "--time", "-1h")
+        assert re.fullmatch(rf"seeked projects/cli/subscriptions/{name} to \d{{4}}-\d\d-\d\dT[\d:.]+Z "
+                            r"\(messages published before it count as acked\)\n", out), out
+    again = [json.loads(l)["data"] for l in deltabus(capsys, events, "pull", "kept-sub", "--ack")[0].splitlines()]
+    assert sorted(again) == ["one", "two"]
+    assert deltabus(capsys, events, "pull", "events-sub")[0] == ""  # acked and not retained: gone
+    # Back again, then forward past them (an RFC 3339 time): both count as acked again.
+    deltabus(capsys, events, "seek", "kept-sub", "--time=-30m")
+    future = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    assert f"to {future} " in deltabus(capsys, events, "seek", "kept-sub", "--time", future)[0]
+    assert deltabus(capsys, events, "pull", "kept-sub")[0] == ""
+
+
+def test_seek_to_a_snapshot_short_or_full_name(capsys, events):
+    deltabus(capsys, events, "publish", "events", "one", "two")
+    deltabus(capsys, events, "pull", "events-sub", "--max-messages", "1", "--ack")  # "one" acked, "two" unacked
+    out, _ = deltabus(capsys, events, "snapshots", "create", "before-two", "--subscription", "events-sub")
+    assert out.startswith("created snapshot projects/cli/snapshots/before-two of projects/cli/subscriptions/events-sub (expires 20")
+    deltabus(capsys, events, "publish", "events", "three")
+    assert [m["data"] for m in pull_all(capsys, events)] == ["two", "three"]
+    for snap in ("before-two", "projects/cli/snapshots/before-two"):
+        out, _ = deltabus(capsys, events, "seek", "events-sub", "--snapshot", snap)
+        assert out.startswith("seeked projects/cli/subscriptions/events-sub to snapshot projects/cli/snapshots/before-two")
+        assert [m["data"] for m in pull_all(capsys, events)] == ["two", "three"]  # unacked at the snapshot, and every later one
+
+
+def test_snapshots_create_list_get_update_delete(capsys, events):
+    deltabus(capsys, events, "publish", "events", "one")
+    deltabus(capsys, events, "snapshots", "create", "snap-a", "--subscription", "events-sub", "--label", "team=data", "--label", "env=dev")
+    deltabus(capsys, events, "snapshots", "create", "projects/cli/snapshots/snap-b", "--subscription", "projects/cli/subscriptions/events-sub")
+    got = json.loads(deltabus(capsys, events, "snapshots", "get", "snap-a")[0])
+    assert got["name"] == "projects/cli/snapshots/snap-a" and got["topic"] == "projects/cli/topics/events"
+    assert got["labels"] == {"team": "data", "env": "dev"} and got["expire_time"].endswith("Z")
+    header, rule, *rows = deltabus(capsys, events, "snapshots", "list")[0].splitlines()
+    assert header.split() == ["name", "topic", "expire_time", "labels"]
+    assert [r.split()[0] for r in rows] == ["projects/cli/snapshots/snap-a", "projects/cli/snapshots/snap-b"]
+    assert rows[0].split()[-1] == "team=data,env=dev"
+    assert "snap-a" not in deltabus(capsys, events, "--project", "other-project", "snapshots", "list")[0]
+
+    out, _ = deltabus(capsys, events, "snapshots", "update", "snap-a", "--label", "team=ops")
+    assert out == "updated projects/cli/snapshots/snap-a: labels\n"
+    assert json.loads(deltabus(capsys, events, "snapshots", "get", "snap-a")[0])["labels"] == {"team": "ops"}  # replaced
+    _, err = deltabus(capsys, events, "snapshots", "create", "snap-a", "--subscription", "events-sub", code=1)
+    assert "already exists" in err
+
+    assert deltabus(capsys, events, "snapshots", "delete", "snap-a")[0] == "deleted snapshot projects/cli/snapshots/snap-a\n"
+    deltabus(capsys, events, "snapshots", "get", "snap-a", code=1)
+    rows = deltabus(capsys, events, "snapshots", "list")[0].splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["projects/cli/snapshots/snap-b"]
+
+
+def test_topic_retention_create_get_list_update(capsys, warehouse):
+    out, _ = deltabus(capsys, warehouse, "topics", "create", "kept", "--retention", "2d", "--label", "team=data")
+    assert out == "created topic projects/cli/topics/kept (keeps messages 2d)\n"
+    deltabus(capsys, warehouse, "topics", "create", "plain")
+    got = json.loads(deltabus(capsys, warehouse, "topics", "get", "kept")[0])
+    assert got == {"name": "projects/cli/topics/kept", "labels": {"team": "data"}, "message_retention_duration": 172800.0}
+    assert json.loads(deltabus(capsys, warehouse, "topics", "get", "plain")[0])["message_retention_duration"] is None
+
+    def listed() -> dict[str, list[str]]:
+        header, _, *rows = deltabus(capsys, warehouse, "topics", "list")[0].splitlines()
+        assert header.split() == ["name", "labels", "retention"]
+        return {r.split()[0]: r.split()[1:] for r in rows}
+
+    assert listed() == {"projects/cli/topics/kept": ["team=data", "2d"], "projects/cli/topics/plain": []}
+    assert deltabus(capsys, warehouse, "topics", "update", "plain", "--retention", "36h")[0] == \
+        "updated projects/cli/topics/plain: message_retention_duration\n"
+    deltabus(capsys, warehouse, "topics", "update", "kept", "--no-retention", "--label", "team=ops")
+    assert listed() == {"projects/cli/topics/kept": ["team=ops"], "projects/cli/topics/plain": ["36h"]}
+    assert json.loads(deltabus(capsys, warehouse, "topics", "get", "kept")[0])["message_retention_duration"] is None

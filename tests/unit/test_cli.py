@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deltabus import cli
+from deltabus.errors import InvalidArgument
 
 
 def parse(*argv: str, environ: dict[str, str] | None = None):
@@ -55,6 +56,12 @@ def test_the_later_of_two_placements_wins():
         (["subscriptions", "create", "sub-1", "--topic", "t-1", "--ack-deadline", "ten"], "argument --ack-deadline: invalid int value"),
         (["subscriptions", "update", "sub-1", "--pull", "--push-endpoint", "https://example.com/p"], "not allowed with argument --pull"),
         (["publish", "t-1", "a", "--bogus", "b"], "unrecognized arguments: --bogus b"),
+        (["seek", "sub-1"], "one of the arguments --time --snapshot is required"),
+        (["seek", "sub-1", "--time", "-1h", "--snapshot", "snap-1"], "argument --snapshot: not allowed with argument --time"),
+        (["snapshots", "create", "snap-1"], "the following arguments are required: --subscription"),
+        (["snapshots", "update", "snap-1"], "the following arguments are required: --label"),
+        (["topics", "create", "t-1", "--retention", "soon"], "argument --retention: must be a duration such as 7d"),
+        (["topics", "update", "t-1", "--retention", "1d", "--no-retention"], "argument --no-retention: not allowed with argument --retention"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_1(capsys, argv, words):
@@ -65,7 +72,8 @@ def test_usage_errors_are_one_line_and_exit_1(capsys, argv, words):
     assert "--help" in cap.err  # says where to look, in place of argparse's usage block
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["topics", "--help"], ["publish", "-h"], ["subscriptions", "update", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["topics", "--help"], ["publish", "-h"], ["subscriptions", "update", "--help"],
+                                  ["seek", "--help"], ["snapshots", "update", "--help"], ["topics", "update", "--help"]])
 def test_help_exits_0(capsys, argv):
     assert cli.main(argv, environ={}) == 0
     assert capsys.readouterr().out.startswith("usage: deltabus")
@@ -91,3 +99,22 @@ def test_flag_names_of_api_fields():
     assert cli._flag("push_config.oidc_token.audience", flags) == "--oidc-audience"
     assert cli._flag("push_config.attributes", flags) == "--push-endpoint"
     assert cli._flag("topic", flags) == "topic"
+
+
+@pytest.mark.parametrize("value", ["-1h", "-30m", "-2d", "-90", "-1.5h", "-.5d"])
+def test_seek_takes_a_relative_time_that_starts_with_a_dash(value):
+    assert parse("seek", "sub-1", "--time", value).time == value
+
+
+def test_seek_time_is_rfc3339_or_a_duration_back_from_now():
+    now = 1_800_000_000.0
+    assert cli._seek_time("-1h", now) == now - 3600
+    assert cli._seek_time("-30m", now) == now - 1800
+    assert cli._seek_time("-2d", now) == now - 2 * 86400
+    assert cli._seek_time("-0", now) == now
+    assert cli._seek_time("2027-01-15T08:00:00Z", now) == 1_800_000_000.0
+    assert cli._seek_time("2026-11-26T12:00:00+01:00", now) == cli._seek_time("2026-11-26T11:00:00Z", now)
+    for bad in ("soon", "1h", "-", "-1w", "-inf", "-nan", "--1h", "2026-13-01T00:00:00Z"):
+        with pytest.raises(InvalidArgument) as e:
+            cli._seek_time(bad, now)
+        assert e.value.field == "--time" and "duration back from now such as -1h" in str(e.value)

@@ -1,7 +1,8 @@
 """Spark integration. Importing this package never starts a SparkSession.
 
 ``deltabus.spark.session(warehouse=...)`` returns a SparkSession on which the warehouse's
-tables are queryable by name: topics, subscriptions, messages, deliveries, backlog.
+tables are queryable by name: topics, subscriptions, messages, deliveries, backlog,
+backlog_history, snapshots.
 """
 
 from __future__ import annotations

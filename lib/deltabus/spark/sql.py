@@ -1,8 +1,9 @@
-"""SQL over a warehouse: topics, subscriptions, messages, deliveries and backlog as views.
+"""SQL over a warehouse: topics, subscriptions, messages, deliveries, backlog and snapshots as views.
 
 Columns follow Pub/Sub's resource fields. Internal uids are hidden; a subscription whose
-topic was deleted shows ``_deleted-topic_``. Views are evaluated at query time, so every
-query sees the tables' latest versions.
+topic was deleted shows ``_deleted-topic_``. ``snapshots`` adds what Pub/Sub's Snapshot
+does not show: the source subscription, and how many unacked messages it holds. Views are
+evaluated at query time, so every query sees the tables' latest versions.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ VIEWS = {
         FROM _deltabus_deliveries d JOIN _deltabus_subscriptions s ON d.sub_uid = s.sub_uid""",
     "backlog": "SELECT * FROM _deltabus_backlog",
     "backlog_history": "SELECT *, num_undelivered_messages + num_outstanding_messages + expired_ack_deadlines AS num_unacked_messages FROM _deltabus_backlog_history",
+    # messages: the snapshot's stored unacked messages (those published after it are not counted).
+    "snapshots": """
+        SELECT n.name, n.topic, n.subscription, n.labels, n.create_time, n.expire_time,
+               COALESCE(m.messages, CAST(0 AS BIGINT)) AS messages, n.oldest_publish_time
+        FROM _deltabus_snapshots n
+        LEFT JOIN (SELECT snapshot_uid, count(*) AS messages FROM _deltabus_snapshot_messages GROUP BY snapshot_uid) m
+          ON n.snapshot_uid = m.snapshot_uid""",
 }
 
 
@@ -87,7 +95,7 @@ def session(
     refresh_backlog: bool = True,
     create: bool = False,
 ) -> "SparkSession":
-    """A SparkSession on which topics, subscriptions, messages, deliveries and backlog are queryable.
+    """A SparkSession on which topics, subscriptions, messages, deliveries, backlog and snapshots are queryable.
 
     With `refresh_backlog` (the default) the backlog table is recomputed first, so ``backlog``
     answers for pull-only warehouses too (a running push job also rewrites it every second).
