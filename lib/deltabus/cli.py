@@ -576,7 +576,14 @@ def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
     # Expiration policies first: an expired subscription's cursor then no longer holds history.
     for rec in Registry(engine, clock=time.time).delete_expired(time.time()):
         print(f"deleted expired subscription {rec.name} (unused for over {_days(rec.expiration_policy.ttl)})", file=out)
-    rows = retention.maintain(engine, retention_hours=args.retention_hours, clock=time.time)
+    done = retention.apply_retention(engine, clock=time.time)
+    print(
+        f"retention: {done['unacked_dropped']} unacked messages past their subscription's retention dropped, "
+        f"{done['topics_trimmed']} topics trimmed, {done['snapshots_expired']} expired snapshots deleted"
+        + (f", {done['snapshot_orphans']} leftover snapshot partitions swept" if done["snapshot_orphans"] else ""),
+        file=out,
+    )
+    rows = retention.maintain(engine, retention_hours=args.retention_hours, clock=time.time, retain=False)
     print(_table(rows, ["table", "files_before", "files_after", "vacuumed", "compactions_skipped", "version"]), file=out)
 
 
@@ -788,7 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = command(cmds, "backlog", "each subscription's backlog as a table (and rewrite the backlog table)")
     b.set_defaults(func=cmd_backlog)
 
-    m = command(cmds, "maintenance", "compact small files, checkpoint and vacuum every table")
+    m = command(cmds, "maintenance", "apply retention (expired subscriptions, snapshots and messages), then compact small files, checkpoint and vacuum every table")
     m.add_argument("--retention-hours", type=int, default=168, metavar="HOURS",
                    help="vacuum files no version of the last N hours needs (default 168 = 7 days, the change feed's horizon)")
     m.set_defaults(func=cmd_maintenance)

@@ -142,13 +142,14 @@ def maintain(
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     min_files: int = 2,
     clock: Callable[[], float],
+    retain: bool = True,
 ) -> list[dict[str, Any]]:
     """``storage.maintenance.maintain_warehouse`` of the engine's warehouse, keeping the
     messages history every subscription's fan-out still needs.
 
     The cursors are read before compacting: a cursor only moves forward, so a limit read
     earlier keeps at least as much as one read just before the vacuum would."""
-    retained = apply_retention(engine, clock=clock)
-    log.info("retention: %s", retained)
+    if retain:  # False: the caller ran apply_retention itself (to report it)
+        log.info("retention: %s", apply_retention(engine, clock=clock))
     keep = {MESSAGES.name: hours_to_keep_for_fan_out(engine, clock())}
     return maintain_warehouse(engine.warehouse, retention_hours=retention_hours, min_files=min_files, keep_hours=keep)

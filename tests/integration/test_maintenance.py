@@ -56,6 +56,7 @@ def test_maintenance_command_compacts_checkpoints_and_vacuums_without_changing_d
     before = _messages_files(warehouse)
     p = run(warehouse, "maintenance", "--retention-hours", "0")
     assert "messages" in p.stdout and "deliveries" in p.stdout
+    assert "retention: 0 unacked messages past their subscription's retention dropped, 0 topics trimmed" in p.stdout
     assert _messages_files(warehouse) < before
     assert (DeltaTable(f"{warehouse}/messages").version()) > 0
     out = run(warehouse, "pull", "orders-sub", "--max-messages", "100", "--ack").stdout

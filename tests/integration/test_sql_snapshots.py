@@ -43,3 +43,13 @@ def test_snapshots_view_counts_the_stored_unacked_messages(spark, pub, sub, topi
     sub.delete_snapshot(snapshot=two)
     sub.update_snapshot(snapshot={"name": none, "labels": {"env": "dev"}}, update_mask=["labels"])
     assert [tuple(r) for r in spark.sql("select name, labels, messages from snapshots").collect()] == [(none, {"env": "dev"}, 0)]
+
+    # The retention and exactly-once fields in the topics and subscriptions views.
+    pub.update_topic(topic={"name": topic, "message_retention_duration": 7200}, update_mask=["message_retention_duration"])
+    sub.update_subscription(subscription={"name": subscription, "retain_acked_messages": True, "enable_exactly_once_delivery": True,
+                                          "message_retention_duration": 600},
+                            update_mask=["retain_acked_messages", "enable_exactly_once_delivery", "message_retention_duration"])
+    assert [tuple(r) for r in spark.sql("select name, message_retention_duration from topics").collect()] == [(topic, 7200.0)]
+    row = spark.sql("""select retain_acked_messages, enable_exactly_once_delivery, message_retention_duration
+                       from subscriptions""").collect()[0]
+    assert tuple(row) == (True, True, 600.0)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 VIEWS = {
-    "topics": "SELECT name, labels, create_time FROM _deltabus_topics",
+    "topics": "SELECT name, labels, message_retention_duration, create_time FROM _deltabus_topics",
     # Its columns: the public fields of the one declaration of a subscription's fields.
     "subscriptions": f"""
         SELECT s.name,
