@@ -108,7 +108,7 @@ def test_a_seek_killed_at_any_moment_is_all_or_nothing(pub, warehouse, tmp_path)
     latest = open_engine(warehouse, engine="delta-rs", create=False).version("messages")
     assert partition_state(warehouse, uid) == (0, 0, None)
     outcomes = []
-    for delay in (0.0, 0.15, 0.3, 0.6, 1.2, 2.5):
+    for delay in (0.0, 0.3, 0.8, 2.0):
         copy = str(tmp_path / f"kill-{delay}")
         shutil.copytree(warehouse, copy)
         proc = start("seek-time", "ready", copy, name, "-")
