@@ -580,6 +580,7 @@ def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
     print(
         f"retention: {done['unacked_dropped']} unacked messages past their subscription's retention dropped, "
         f"{done['topics_trimmed']} topics trimmed, {done['snapshots_expired']} expired snapshots deleted"
+        + (f", rows of {done['deliveries_orphans']} deleted subscriptions swept" if done["deliveries_orphans"] else "")
         + (f", {done['snapshot_orphans']} leftover snapshot partitions swept" if done["snapshot_orphans"] else ""),
         file=out,
     )

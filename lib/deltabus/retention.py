@@ -17,6 +17,7 @@ removes their files, which the cursors' hours above prevent while anyone may rea
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any, Callable
@@ -79,21 +80,50 @@ def apply_retention(engine: Engine, *, clock: Callable[[], float]) -> dict[str, 
     """Carry out message retention (issue 15), in an order where each step only removes what
     the later ones no longer need:
 
+    0. deliveries partitions of subscriptions that no longer exist are deleted (a crash
+       between deleting a subscription's row and its messages leaves one);
     1. expired snapshots are deleted, and snapshot messages no snapshot owns (a crash's);
     2. each subscription's unacked messages older than its retention are dropped
        (``delivery.retained.drop_expired``);
     3. each topic's messages older than every rule keeps (``policy.retention``) leave the
        messages table, one delete per topic partition.
 
-    Returns counts: snapshots_expired, snapshot_orphans, unacked_dropped, topics_trimmed."""
+    Returns counts: deliveries_orphans, snapshots_expired, snapshot_orphans, unacked_dropped,
+    topics_trimmed."""
     now = clock()
-    snapshots = Snapshots(engine, clock=clock)
-    report = {"snapshots_expired": len(snapshots.delete_expired(now)), "snapshot_orphans": snapshots.sweep_orphans(now)}
     registry = Registry(engine, clock=clock)
+    snapshots = Snapshots(engine, clock=clock)
+    report = {"deliveries_orphans": sweep_deliveries(engine, registry)}
+    report |= {"snapshots_expired": len(snapshots.delete_expired(now)), "snapshot_orphans": snapshots.sweep_orphans(now)}
     subs = list(registry.subscriptions().values())
     report["unacked_dropped"] = sum(drop_expired(engine, s, clock=clock) for s in subs if not s.detached)
     report["topics_trimmed"] = _trim_messages(engine, registry, subs, snapshots, now)
     return report
+
+
+def _delete_where(predicate: str, snap: Any) -> None:
+    snap.delete(predicate)
+
+
+def sweep_deliveries(engine: Engine, registry: Registry) -> int:
+    """Delete the deliveries partitions whose subscription no longer exists; return how many.
+
+    The partitions are listed (from the log) before the registry is read: a subscription
+    gets rows only after its registry row committed, so one whose rows are listed is in the
+    registry read after, unless it was deleted. A pull that read the registry before a
+    deletion may still write rows after this; the next run sweeps them."""
+    stats = engine.snapshot(DELIVERIES.name).file_stats()
+    column = f"partition.{DELIVERIES.partition_column}"
+    if stats.num_rows == 0 or column not in stats.column_names:
+        return 0
+    listed = set(stats[column].to_pylist())
+    live = {s.sub_uid for s in registry.subscriptions().values()}
+    swept = 0
+    for uid in sorted(u for u in listed - live if u is not None):
+        predicate = f"sub_uid = {literal(uid)}"
+        engine.transact(DELIVERIES.name, functools.partial(_delete_where, predicate), what=f"drop the rows of deleted subscription {uid}")
+        swept += 1
+    return swept
 
 
 def _trim_messages(engine: Engine, registry: Registry, subs: list[SubscriptionRecord], snapshots: Snapshots, now: float) -> int:

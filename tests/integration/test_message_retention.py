@@ -145,3 +145,23 @@ def test_expired_snapshots_are_deleted_by_maintenance(warehouse) -> None:
     assert left.num_rows == 0  # the expired ones' messages went too; "empty" has none
     sub.close()
     pub.close()
+
+
+def test_maintenance_sweeps_the_rows_of_a_subscription_deleted_halfway(pub, sub, topic, warehouse) -> None:
+    """Deleting a subscription is two commits: its registry row, then its rows. A crash
+    between them (here: the first commit alone) leaves rows nobody reads; maintenance deletes
+    them, and leaves a live subscription's alone."""
+    from deltabus.storage.tables import SUBSCRIPTIONS
+
+    gone, kept = sub.subscription_path(P, "half-deleted"), sub.subscription_path(P, "still-here")
+    sub.create_subscription(name=gone, topic=topic)
+    sub.create_subscription(name=kept, topic=topic)
+    publish(pub, topic, ["a", "b"])
+    assert drain(sub, gone, ack=False) == b("a", "b") and drain(sub, kept, ack=False) == b("a", "b")
+    rec = sub._sub(gone)
+    sub._registry._delete_named(SUBSCRIPTIONS.name, "subscription", gone, "sub_uid", rec.sub_uid)  # commit 1 only
+    rows = lambda: sub.engine.snapshot("deliveries").read(columns=["sub_uid"])["sub_uid"].to_pylist()  # noqa: E731
+    assert rows().count(rec.sub_uid) == 2
+    assert retention.apply_retention(sub.engine, clock=time.time)["deliveries_orphans"] == 1
+    assert rec.sub_uid not in rows() and len(rows()) == 2
+    assert retention.apply_retention(sub.engine, clock=time.time)["deliveries_orphans"] == 0
