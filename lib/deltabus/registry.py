@@ -133,7 +133,11 @@ class Registry:
             hit = snap.read(columns=["name"], filter=pc.field("name") == row["name"])
             if hit.num_rows:
                 raise AlreadyExists(kind, row["name"])
-            snap.merge(source, "t.name = s.name", [NotMatchedInsert(_all_columns(schema))])
+            m = snap.merge(source, "t.name = s.name", [NotMatchedInsert(_all_columns(schema))])
+            # delta-spark's MERGE reads the table again: a same-name create that committed
+            # after the check above makes it insert nothing (delta-rs merges the snapshot).
+            if not m.get("num_target_rows_inserted"):
+                raise AlreadyExists(kind, row["name"])
 
         self._engine.transact(table, fn, what=f"create {kind} {row['name']}")
 

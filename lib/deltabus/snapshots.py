@@ -99,6 +99,17 @@ class Snapshots:
         rows = self._engine.snapshot(SNAPSHOT_MESSAGES.name).read(columns=list(MESSAGE_COLUMNS), partition=rec.snapshot_uid)
         return rows.cast(pa.schema([SNAPSHOT_MESSAGES.schema.field(c) for c in MESSAGE_COLUMNS]))
 
+    def messages_of_live(self, rec: SnapshotRecord) -> pa.Table:
+        """``messages``, then NotFound unless the snapshot still exists: a delete removes the
+        registry row before the messages, so a row still there after the read means the read
+        saw all of them (a seek must not take a half-deleted snapshot's empty set for "nothing
+        unacked" and ack the whole backlog)."""
+        rows = self.messages(rec)
+        again = self.all().get(rec.name)
+        if again is None or again.snapshot_uid != rec.snapshot_uid:
+            raise NotFound("snapshot", rec.name)
+        return rows
+
     def create(self, rec: SnapshotRecord, messages: pa.Table) -> SnapshotRecord:
         """Store a new snapshot: its messages (MESSAGE_COLUMNS), then its registry row.
         AlreadyExists when the name is taken (its messages are deleted again)."""
@@ -113,7 +124,11 @@ class Snapshots:
         def fn(snap: Any) -> None:
             if snap.read(columns=["name"], filter=pc.field("name") == rec.name).num_rows:
                 raise AlreadyExists("snapshot", rec.name)
-            snap.merge(source, "t.name = s.name", [NotMatchedInsert({c: f"s.{c}" for c in SNAPSHOTS.schema.names})])
+            m = snap.merge(source, "t.name = s.name", [NotMatchedInsert({c: f"s.{c}" for c in SNAPSHOTS.schema.names})])
+            # delta-spark's MERGE reads the table again: a same-name create that committed
+            # after the check above makes it insert nothing (delta-rs merges the snapshot).
+            if not m.get("num_target_rows_inserted"):
+                raise AlreadyExists("snapshot", rec.name)
 
         try:
             self._engine.transact(SNAPSHOTS.name, fn, what=f"create snapshot {rec.name}")

@@ -113,3 +113,14 @@ def test_merge_clauses_per_op_and_pinning() -> None:
     assert pinned_on(["u2", "u1"]).startswith("t.sub_uid IN ('u1', 'u2') AND t.sub_uid = s.sub_uid")
     with pytest.raises(ValueError):
         pinned_on(["bad'uid"])
+
+
+def test_of_two_ids_with_one_attempt_the_lower_version_is_the_later_delivery() -> None:
+    """After a seek brings an acked message back, its new first delivery has attempt 1 like
+    the old one; the new row's version is the seek's (lower) epoch. Both ids in one call:
+    the current one applies, whichever comes first."""
+    now = current(("m1", 1, LEASED)).append_column("message_version", pa.array([-5], pa.int64()))
+    for order in ([("m1", 1, 7), ("m1", 1, -5)], [("m1", 1, -5), ("m1", 1, 7)]):
+        got = decide("s1", OutcomeKind.ACK, order, now)
+        assert {r.result for r in got.results} == {OK, BAD} and source(got.source) == [("ack", "m1", 1, None)]
+        assert [r.result for r in got.results] == [OK if v == -5 else BAD for _, _, v in order]

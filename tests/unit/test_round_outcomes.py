@@ -53,3 +53,15 @@ def test_split_keeps_an_ordering_key_on_one_caller():
             assert not key or owner[key] == c
     # order inside a caller is lease order
     assert all(idx == sorted(idx) for idx in got)
+
+
+def test_of_one_attempt_the_lower_version_wins_and_versionless_ids_lose():
+    """A seek gives the rows it brings back a lower version, and their attempts restart: an
+    old id of the same attempt (a higher version, or none: the older format) loses."""
+    for order in ([Outcome("m1", 1, None, 7), Outcome("m1", 1, None, -5)], [Outcome("m1", 1, None, -5), Outcome("m1", 1, None, 7)]):
+        assert resolve(order)["m1"].message_version == -5
+    assert resolve([Outcome("m1", 1, None, None), Outcome("m1", 1, 30.0, 4)])["m1"].message_version == 4
+    assert resolve([Outcome("m1", 2, None, None), Outcome("m1", 1, None, -9)])["m1"].delivery_attempt == 2  # attempt first
+    winner = resolve([Outcome("m1", 1, None, -5)])["m1"]
+    assert result_of(Outcome("m1", 1, None, -5), winner, True) and not result_of(Outcome("m1", 1, None, 7), winner, True)
+    assert result_of(Outcome("m1", 1, None, None), winner, True)  # an id of the older format names any version

@@ -152,3 +152,26 @@ def test_with_exactly_once_a_lease_that_does_not_extend_is_let_go():
     with pytest.raises(AcknowledgeError):
         held[0].ack_with_response().result(timeout=5)  # type: ignore[attr-defined]
     manager.close()
+
+
+def test_with_exactly_once_a_future_fails_when_the_setting_cannot_be_read():
+    """The sender asks whether the subscription has exactly-once delivery per batch; when
+    that read fails, its futures fail (OTHER), never a SUCCESS for an ack that did not apply."""
+
+    class Flaky(ListLeaseOps):
+        def __init__(self) -> None:
+            super().__init__(1, exactly_once=True)
+            self.calls = 0
+
+        def exactly_once(self) -> bool:
+            self.calls += 1
+            if self.calls > 2:  # the consumer's and the leaser's first reads work; then the store fails
+                raise OSError("object store timed out")
+            return True
+
+        def acknowledge(self, ack_ids: Sequence[str]) -> None:
+            raise OSError("object store timed out")
+
+    got = _futures_of(Flaky(), 1, "ack")
+    (only,) = got.values()
+    assert isinstance(only, AcknowledgeError) and only.error_code is AcknowledgeStatus.OTHER

@@ -240,8 +240,39 @@ def _append_new(snap: Snapshot, source: pa.Table, txn: tuple[str, int]) -> Mappi
     return {"num_target_rows_inserted": rows.num_rows}
 
 
+_DELETES = frozenset({Op.ACK, Op.SEEK_DROP})
+_UPDATES = frozenset({Op.NACK, Op.DEADLINE, Op.SEEK_KEEP, Op.LEASE})
+
+
+def _short(metrics: Mapping[str, int], source: pa.Table, exact: frozenset[Op]) -> str | None:
+    """Why the MERGE did less than the rows of the `exact` ops (decided on the snapshot, so
+    each must apply) ask, or None. Deletes and inserts are counted per op kind; updates
+    against the exact update rows plus the leases (other update rows only add to the count)."""
+    ops = source["op"]
+
+    def count(kinds: frozenset[Op]) -> int:
+        if not kinds:
+            return 0
+        return int(pc.sum(pc.is_in(ops, pa.array([k.value for k in kinds], pa.string()))).as_py() or 0)
+
+    wanted = {
+        "num_target_rows_deleted": count(exact & _DELETES),
+        "num_target_rows_inserted": count(exact & {Op.INSERT}),
+        "num_target_rows_updated": count(exact & _UPDATES) + (count(frozenset({Op.LEASE})) if Op.LEASE not in exact else 0),
+    }
+    for key, n in wanted.items():
+        if n and metrics.get(key, 0) < n:
+            return f"{key} {metrics.get(key, 0)} < {n}"
+    return None
+
+
 def commit(
-    snap: Snapshot, parts: Sequence[pa.Table], sub_uids: Sequence[str], txns: Sequence[tuple[str, int]] = ()
+    snap: Snapshot,
+    parts: Sequence[pa.Table],
+    sub_uids: Sequence[str],
+    txns: Sequence[tuple[str, int]] = (),
+    *,
+    exact: frozenset[Op] = frozenset(),
 ) -> Mapping[str, int] | None:
     """Write source `parts` (SOURCE_SCHEMA) and application transactions `txns` as ONE commit:
     a MERGE pinned to `sub_uids` when there are rows (an append when they are all INSERT
@@ -249,7 +280,13 @@ def commit(
     Returns the MERGE's metrics (an append's: num_target_rows_inserted; None when nothing
     but txns or nothing was written). This is the only
     function of the core that writes. Raises ValueError, writing nothing, when a source
-    row's sub_uid is not one of `sub_uids`."""
+    row's sub_uid is not one of `sub_uids`.
+
+    `exact`: ops whose rows were decided on this snapshot after reading their rows (a seek;
+    outcomes that report per-id results), so every one of them must apply. When the MERGE
+    did less (delta-spark, whose MERGE reads the table again: a commit landing after the
+    snapshot's check), ``WriteRaced`` reruns the decision on a fresh snapshot, so no result
+    says SUCCESS for a change that did not happen."""
     parts = [p for p in parts if p.num_rows]
     if not parts:
         if txns:
@@ -260,6 +297,10 @@ def commit(
     if new_messages_only(snap, parts, txns) and not _any_present(snap, source, sub_uids):
         return _append_new(snap, source, txns[0])
     metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
+    if exact:
+        short = _short(metrics, source, exact)
+        if short is not None:
+            raise WriteRaced(f"rows decided on the snapshot did not all apply ({short}): another writer came first")
     leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
     # GIVE_UP rows update too (they mark), and so do CASCADE rows beside leases (an expired
     # head's followers), all decided on the same snapshot as the leases. On delta-spark a

@@ -23,6 +23,7 @@ from .cursor import IDLE_CURSOR_LAG, cursor_app_id
 from .fanout import from_change_feed
 from .hooks import DeliveryHooks, hooks_for, require_attached
 from .merge import commit
+from .model import Op
 from .model import DeliveryRef, IdResult, Lease, OutcomeKind
 from .outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
 from .selection import read_candidates, select
@@ -68,6 +69,10 @@ def pull(
     if key is not None and dead is not None:
         dead.finish(engine, key)  # a crash before this leaves marks that the next pull's recover finishes
     return leases
+
+
+# The outcome ops a results call decides on the snapshot (the cascade's rows may be refused).
+DECIDED = frozenset({Op.ACK, Op.NACK, Op.DEADLINE})
 
 
 def _outcome_kind(seconds: float) -> OutcomeKind:
@@ -178,7 +183,8 @@ def _with_results(
         parts = [decision.source]
         if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too
             parts.append(cascade(sub.sub_uid, decision.source.select(["message_id", "delivery_attempt"]), snap, clock()))
-        commit(snap, parts, [sub.sub_uid])
+        # Decided after reading the rows: each must apply, or the results would lie (delta-spark).
+        commit(snap, parts, [sub.sub_uid], exact=DECIDED)
         return decision.results
 
     return engine.transact(DELIVERIES.name, fn, what=what)

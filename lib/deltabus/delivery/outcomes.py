@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from ..storage import Snapshot
 from ..storage.engine import read_by_ids
 from ..policy.ordering import followers
+from ..policy.round_outcomes import newer
 from ..timestamps import TS, ts_scalar
 from .hooks import DeliveryHooks
 from .merge import CASCADED_US, NACKED_US, cascade_rows, source_rows
@@ -55,11 +56,12 @@ def _ref(item: DeliveryRef | Delivery) -> tuple[str, int, int | None]:
 
 def latest_per_message(items: Iterable[DeliveryRef | Delivery]) -> pa.Table:
     """(message_id, delivery_attempt, message_version) with one row per message: its latest
-    requested attempt (and that request's version; null when it named none)."""
+    requested delivery (``newer``; the version null when the id named none)."""
     latest: dict[str, tuple[int, int | None]] = {}
     for item in items:
         message_id, attempt, version = _ref(item)
-        if attempt > latest.get(message_id, (-1, None))[0]:
+        prev = latest.get(message_id)
+        if prev is None or newer((attempt, version), prev):
             latest[message_id] = (attempt, version)
     return pa.table({
         "message_id": pa.array(list(latest), pa.string()),

@@ -39,7 +39,7 @@ from typing import Callable, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, SubscriptionDetached
 from ..registry import SubscriptionRecord, TopicRecord
 from ..snapshots import MESSAGE_COLUMNS, SnapshotRecord, Snapshots, new_snapshot_uid
 from ..storage import Engine, Snapshot
@@ -47,7 +47,7 @@ from ..storage.engine import read_by_ids
 from ..storage.tables import DELIVERIES, MESSAGES
 from ..timestamps import TS, to_us, utc
 from ..types import SNAPSHOT_LIFETIME
-from .cursor import FANOUT_COLUMNS, cursor_app_id, read_cursor, read_unfanned
+from .cursor import DETACHED_CURSOR, FANOUT_COLUMNS, cursor_app_id, read_cursor, read_unfanned
 from .hooks import FanoutFilter, hooks_for
 from .merge import SEEK_STALE_US, commit, source_rows
 from .model import Op
@@ -91,12 +91,14 @@ def replay_horizon(sub: SubscriptionRecord, topic: TopicRecord | None, now: floa
     return min(horizons) if horizons else None
 
 
-def _plan(sub: SubscriptionRecord, current: pa.Table, wanted: pa.Table) -> tuple[list[pa.Table], int, int]:
+def _plan(sub: SubscriptionRecord, current: pa.Table, marked: pa.Array, wanted: pa.Table) -> tuple[list[pa.Table], int, int]:
     """Source parts turning the partition's unmarked rows `current` into the set `wanted`
-    (keys): (parts, dropped, replayed)."""
+    (keys): (parts, dropped, replayed). A message whose row is `marked` (a dead-letter move
+    owns it) is neither kept nor inserted: the move acks it."""
     uid = sub.sub_uid
     in_wanted = pc.is_in(current["message_id"], value_set=wanted["message_id"])
     drop = current.filter(pc.invert(in_wanted))
+    wanted = wanted.filter(pc.invert(pc.is_in(wanted["message_id"], value_set=marked)))
     present = pc.is_in(wanted["message_id"], value_set=current["message_id"])
     keep = wanted.filter(present)
     new = wanted.filter(pc.invert(present))
@@ -109,11 +111,19 @@ def _plan(sub: SubscriptionRecord, current: pa.Table, wanted: pa.Table) -> tuple
     return parts, drop.num_rows, new.num_rows
 
 
+def _partition(snap: Snapshot, uid: str) -> tuple[pa.Table, pa.Array]:
+    """The partition's rows not marked for a dead-letter move (keys + delivery_attempt), and
+    the message ids of the marked ones."""
+    rows = snap.read(columns=[*_KEYS, "delivery_attempt", "dead_letter_key"], partition=uid)
+    free = pc.is_null(rows["dead_letter_key"])
+    marked = rows.filter(pc.invert(free))["message_id"].combine_chunks().cast(pa.string())
+    rows = rows.filter(free)
+    return _keys(rows).append_column("delivery_attempt", rows["delivery_attempt"].cast(pa.int32())), marked
+
+
 def _current(snap: Snapshot, uid: str) -> pa.Table:
     """The partition's rows not marked for a dead-letter move (keys + delivery_attempt)."""
-    rows = snap.read(columns=[*_KEYS, "delivery_attempt", "dead_letter_key"], partition=uid)
-    rows = rows.filter(pc.is_null(rows["dead_letter_key"]))
-    return _keys(rows).append_column("delivery_attempt", rows["delivery_attempt"].cast(pa.int32()))
+    return _partition(snap, uid)[0]
 
 
 Decide = Callable[[Snapshot, Snapshot, int, int], pa.Table]
@@ -142,9 +152,11 @@ def _commit(engine: Engine, sub: SubscriptionRecord, decide: Decide, what: str, 
 
     def fn(snap: Snapshot) -> SeekResult:
         cursor = read_cursor(snap, sub)
+        if cursor >= DETACHED_CURSOR:  # detached after `sub` was read: its partition stays empty
+            raise SubscriptionDetached(sub.name)
         messages = engine.snapshot(MESSAGES.name)
         latest = max(cursor, messages.version)
-        current = _current(snap, uid)
+        current, marked = _partition(snap, uid)
         wanted = decide(snap, messages, cursor, latest)
         epoch = seek_epoch(to_us(clock()), current)
         seen = pc.less_equal(wanted["message_version"], cursor)
@@ -153,9 +165,11 @@ def _commit(engine: Engine, sub: SubscriptionRecord, decide: Decide, what: str, 
             pc.if_else(seen, pa.scalar(epoch, pa.int64()), wanted["message_version"]),
         )
         wanted = wanted.take(pc.sort_indices(wanted, [("message_version", "ascending"), ("message_id", "ascending")]))
-        parts, dropped, replayed = _plan(sub, current, wanted)
+        parts, dropped, replayed = _plan(sub, current, marked, wanted)
         txns = [(cursor_app_id(uid), latest)] if latest > cursor else []
-        commit(snap, parts, [uid], txns)
+        # Every row was decided on this snapshot, so every one must apply: on delta-spark a
+        # commit landing before the MERGE's own read (or a skipped idempotent write) reruns it.
+        commit(snap, parts, [uid], txns, exact=frozenset({Op.SEEK_DROP, Op.SEEK_KEEP, Op.INSERT}))
         return SeekResult(wanted.num_rows, dropped, replayed, latest)
 
     return engine.transact(DELIVERIES.name, fn, what=what)
@@ -216,6 +230,8 @@ def capture(engine: Engine, sub: SubscriptionRecord) -> Capture:
     snap = engine.snapshot(DELIVERIES.name)
     rows = _current(snap, sub.sub_uid)
     cursor = read_cursor(snap, sub)
+    if cursor >= DETACHED_CURSOR:
+        raise SubscriptionDetached(sub.name)
     unfanned = read_unfanned(engine, sub, cursor + 1, engine.version(MESSAGES.name))
     times = [t for t in (pc.min(rows["publish_time"]).as_py(), pc.min(unfanned["publish_time"]).as_py()) if t is not None]
     return Capture(cursor, rows.select(list(MESSAGE_COLUMNS)), min(times) if times else None)

@@ -38,19 +38,33 @@ class Outcome(NamedTuple):
 
 def resolve(outcomes: Sequence[Outcome]) -> dict[str, Outcome]:
     """The winning outcome per message id (see the module docstring), in first-seen order."""
-    latest: dict[str, int] = {}
+    latest: dict[str, tuple[int, int | None]] = {}
     for o in outcomes:
-        if o.delivery_attempt > latest.get(o.message_id, -1):
-            latest[o.message_id] = o.delivery_attempt
+        prev = latest.get(o.message_id)
+        if prev is None or newer((o.delivery_attempt, o.message_version), prev):
+            latest[o.message_id] = (o.delivery_attempt, o.message_version)
     won: dict[str, Outcome] = {}
     for o in outcomes:
-        if o.delivery_attempt != latest[o.message_id]:
+        if (o.delivery_attempt, o.message_version) != latest[o.message_id]:
             continue
-        prev = won.get(o.message_id)
-        if prev is not None and prev.seconds is None:
+        held = won.get(o.message_id)
+        if held is not None and held.seconds is None:
             continue  # an ack already won
         won[o.message_id] = o
     return won
+
+
+def newer(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
+    """Whether delivery `a` (attempt, row version) is later than `b`: a higher attempt, or the
+    same attempt of a lower version. A row's version only ever goes down (each seek gives the
+    rows it keeps or brings back an epoch below every version present, ``delivery.seek``), so
+    of two ids with one attempt the lower version names the later row; an id without a
+    version (the older ack-id format) is the older. Pure."""
+    if a[0] != b[0]:
+        return a[0] > b[0]
+    if a[1] is None or b[1] is None:
+        return a[1] is not None and b[1] is None
+    return a[1] < b[1]
 
 
 def result_of(item: Outcome, winner: Outcome | None, applied: bool) -> bool:

@@ -222,9 +222,14 @@ class DeltaSparkSnapshot:
                 raise TypeError(c)
         with self._engine.txn(txns[-1] if txns else None):
             metrics = builder.execute()
-        self._engine.commit_txns(self._spec.name, txns[:-1])
         row = metrics.first() if metrics is not None else None
         got = {k: int(v) for k, v in (row.asDict().items() if row is not None else ()) if v is not None}
+        if txns and not got:
+            # delta-spark skips a write whose txnVersion is not above the one recorded for its
+            # app id, silently: another writer recorded it after the check in _claim (found
+            # by review: a seek, or a pull's leases, then did nothing and said it had). Rerun.
+            raise StaleSnapshot(f"{self._spec.name}: the MERGE was skipped, {txns[-1][0]} was recorded meanwhile")
+        self._engine.commit_txns(self._spec.name, txns[:-1])
         return {METRIC_NAMES.get(k, k): v for k, v in got.items()}
 
     def append(self, data: pa.Table, app_txn: AppTxn | tuple[str, int] | None = None) -> None:

@@ -277,7 +277,7 @@ class SubscriberClient(ClientBase):
             seeking.seek_to_time(self._engine, rec, at, topic=topic, clock=self._clock)
         else:
             snap = self._snapshots.get(self._snapshot_name(snapshot))
-            seeking.seek_to_snapshot(self._engine, rec, snap, self._snapshots.messages(snap), clock=self._clock)
+            seeking.seek_to_snapshot(self._engine, rec, snap, self._snapshots.messages_of_live(snap), clock=self._clock)
         self._used(rec)
         return SeekResponse()
 

@@ -383,8 +383,12 @@ class StreamingPullManager:
         futures = [r for r in batch if r.future is not None]
         try:
             exactly_once = bool(futures) and self._ops.exactly_once()
-        except Exception:  # the subscription is gone or unreadable: the send below fails alike
-            exactly_once = False
+        except Exception as exc:  # unknown whether these answers must be confirmed: never say SUCCESS
+            self._send_best_effort(acks, nacks, modacks)
+            code = AcknowledgeStatus.FAILED_PRECONDITION if isinstance(exc, FailedPrecondition) else AcknowledgeStatus.OTHER
+            for r in futures:
+                _fail(r.future, AcknowledgeError(code, f"could not read the subscription: {exc}"))
+            return
         if exactly_once:
             self._send_with_results(batch, acks, nacks, modacks)
             return
