@@ -126,6 +126,23 @@ def sweep_deliveries(engine: Engine, registry: Registry) -> int:
     return swept
 
 
+def _oldest_held(engine: Engine, subs: list[SubscriptionRecord]) -> dict[str, list[float]]:
+    """By topic uid, the oldest publish time of each subscription's deliveries rows, from the
+    log's file statistics (no read): every row still there keeps its payload, including rows
+    a dead-letter move owns (``drop_expired`` leaves those to the move) and rows a seek that
+    committed after the retention step brought back."""
+    stats = engine.snapshot(DELIVERIES.name).file_stats()
+    column = f"partition.{DELIVERIES.partition_column}"
+    if stats.num_rows == 0 or column not in stats.column_names or "min.publish_time" not in stats.column_names:
+        return {}
+    topic_of = {s.sub_uid: s.topic_uid for s in subs}
+    out: dict[str, list[float]] = {}
+    for sub_uid, low in zip(stats[column].to_pylist(), stats["min.publish_time"].to_pylist()):
+        if low is not None and sub_uid in topic_of:
+            out.setdefault(topic_of[sub_uid], []).append(low.timestamp())
+    return out
+
+
 def _trim_messages(engine: Engine, registry: Registry, subs: list[SubscriptionRecord], snapshots: Snapshots, now: float) -> int:
     """Delete what no rule keeps from each topic partition of the messages table; return how
     many partitions lost rows."""
@@ -140,13 +157,14 @@ def _trim_messages(engine: Engine, registry: Registry, subs: list[SubscriptionRe
         oldest[uid] = low if prev is None or (low is not None and low < prev) else prev
     topics = {t.topic_uid: t for t in registry.topics().values()}
     cursors = needed_after(engine)
+    held = _oldest_held(engine, subs)
     uri = engine.table_uri(MESSAGES.name)
     trimmed = 0
     for uid, low in oldest.items():
         kept_since = [
             s.oldest_publish_time.timestamp() for s in snapshots.all().values()
             if s.topic_uid == uid and s.oldest_publish_time is not None
-        ]
+        ] + held.get(uid, [])
         if cursors.get(uid):
             first = first_commit_since(uri, min(cursors[uid]) + 1)
             if first is not None:
