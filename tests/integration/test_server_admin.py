@@ -126,8 +126,9 @@ def test_subscription_errors_write_nothing(gpub, gsub, warehouse: str) -> None:
         gsub.create_subscription(name=f"projects/{PROJECT}/subscriptions/goog-reserved", topic=T)
     with pytest.raises(gexc.InvalidArgument, match="ack_deadline_seconds"):
         gsub.create_subscription(name=f"projects/{PROJECT}/subscriptions/s-601", topic=T, ack_deadline_seconds=601)
-    with pytest.raises(gexc.InvalidArgument, match="enable_exactly_once_delivery"):
+    with pytest.raises(gexc.InvalidArgument, match="enable_exactly_once_delivery"):  # pull only (issue 15)
         gsub.create_subscription(request={"name": f"projects/{PROJECT}/subscriptions/s-eod", "topic": T,
+                                          "push_config": {"push_endpoint": "https://example.com/push"},
                                           "enable_exactly_once_delivery": True})
     with pytest.raises(gexc.InvalidArgument, match="filter"):
         gsub.create_subscription(request={"name": f"projects/{PROJECT}/subscriptions/s-f", "topic": T, "filter": "bad filter ("})

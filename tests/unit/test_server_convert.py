@@ -60,12 +60,26 @@ def test_create_values_of_every_supported_field() -> None:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("enable_exactly_once_delivery", True), ("bigquery_config", pb.BigQueryConfig(table="p.d.t"))],
+    [("bigquery_config", pb.BigQueryConfig(table="p.d.t")), ("cloud_storage_config", pb.CloudStorageConfig(bucket="b")),
+     ("tags", {"k": "v"})],
 )
 def test_an_unsupported_subscription_field_is_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(InvalidArgument) as e:
         convert.subscription_values(pb.Subscription(name=S, topic=T, **{field: value}))
     assert e.value.field == f"subscription.{field}" and "not supported" in e.value.rule
+
+
+def test_exactly_once_converts_both_ways() -> None:
+    """Create: given only when set; update: a masked path left unset turns it off; out: as stored."""
+    assert convert.subscription_values(pb.Subscription(name=S, topic=T, enable_exactly_once_delivery=True)) == {
+        "name": S, "topic": T, "enable_exactly_once_delivery": True}
+    assert "enable_exactly_once_delivery" not in convert.subscription_values(pb.Subscription(name=S, topic=T))
+    masked = ["enable_exactly_once_delivery"]
+    assert convert.subscription_values(pb.Subscription(name=S, enable_exactly_once_delivery=True), masked) == {
+        "enable_exactly_once_delivery": True}
+    assert convert.subscription_values(pb.Subscription(name=S), masked) == {"enable_exactly_once_delivery": False}
+    assert convert.subscription_to_proto(Subscription(name=S, topic=T, enable_exactly_once_delivery=True)).enable_exactly_once_delivery
+    assert not convert.subscription_to_proto(Subscription(name=S, topic=T)).enable_exactly_once_delivery
 
 
 def test_retention_fields_convert_both_ways() -> None:

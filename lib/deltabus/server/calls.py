@@ -4,7 +4,8 @@
 ``rpc`` wraps an ``async def method(self, request, context)``: a request holding a field
 number google.pubsub.v1 does not declare is refused (INVALID_ARGUMENT naming its path, e.g.
 ``messages[0].#100``; measured 1.6 ms for a Publish of 1,000 messages); a deltabus error (or
-any other) aborts the call with its status; an unexpected one is logged with the method and the
+any other) aborts the call with its status (and its rich status, ``status.Status.details``,
+as ``grpc-status-details-bin`` trailing metadata when it has one); an unexpected one is logged with the method and the
 exception type only (never a payload or a request).
 
 A test may set ``ServerState.fault``: ``rpc`` then asks it before the method runs and after
@@ -23,7 +24,7 @@ import grpc.aio
 
 from .convert import refuse_unknown_fields
 from .state import FaultHook, FaultStage, ServerState
-from .status import status_of
+from .status import DETAILS_KEY, status_of
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def rpc(fn: Handler[S]) -> Handler[S]:
             status = status_of(exc)
             if status.code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", fn.__name__, type(exc).__name__, exc_info=exc)
-            await context.abort(status.code, status.message)
+            await context.abort(status.code, status.message, ((DETAILS_KEY, status.details),) if status.details else ())
 
     return wrapper
 

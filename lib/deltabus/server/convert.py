@@ -5,10 +5,13 @@ validation runs unchanged and errors name the API's fields. Proto3 leaves a fiel
 never set at its default, so "given" means *set to a non-default value* (``set_fields``);
 that is how Pub/Sub reads a request too (ack_deadline_seconds 0 is the default, 10 s).
 
-A field deltabus does not implement (exactly-once, BigQuery/Cloud Storage export, KMS,
-schemas, ...) is refused with INVALID_ARGUMENT naming it when set, rather
+A field deltabus does not implement (BigQuery/Cloud Storage export, KMS, schemas, message
+transforms, ...) is refused with INVALID_ARGUMENT naming it when set, rather
 than dropped: a program that asks for a feature must not believe it has it. Output-only
 fields (``state``, ``satisfies_pzs``, ...) are ignored.
+
+``enable_exactly_once_delivery`` (issue 15) is a plain boolean both ways; the library
+refuses it on a push subscription (``subscription_fields.check_exactly_once``).
 
 Outbound, deltabus records become proto-plus messages. ``delivery_attempt`` is filled only
 for a subscription with a dead-letter policy, as Pub/Sub documents (0 otherwise).
@@ -36,7 +39,8 @@ TOPIC_FIELDS = frozenset({"name", "labels", "message_retention_duration"})
 TOPIC_OUTPUT_ONLY = frozenset({"state", "satisfies_pzs"})
 SUBSCRIPTION_FIELDS = frozenset(
     {"name", "topic", "push_config", "ack_deadline_seconds", "labels", "enable_message_ordering", "filter",
-     "dead_letter_policy", "retry_policy", "expiration_policy", "message_retention_duration", "retain_acked_messages"}
+     "dead_letter_policy", "retry_policy", "expiration_policy", "message_retention_duration", "retain_acked_messages",
+     "enable_exactly_once_delivery"}
 )
 SUBSCRIPTION_OUTPUT_ONLY = frozenset({"state", "topic_message_retention_duration", "analytics_hub_subscription_info"})
 PUSH_CONFIG_FIELDS = frozenset({"push_endpoint", "attributes", "oidc_token", "pubsub_wrapper", "no_wrapper"})
@@ -197,6 +201,7 @@ def subscription_to_proto(sub: Subscription) -> pb.Subscription:
         state=pb.Subscription.State.ACTIVE,
         message_retention_duration=dt.timedelta(seconds=sub.message_retention_duration),
         retain_acked_messages=sub.retain_acked_messages,
+        enable_exactly_once_delivery=sub.enable_exactly_once_delivery,
     )
     if sub.retry_policy is not None:
         out.retry_policy = pb.RetryPolicy(

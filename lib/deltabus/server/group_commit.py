@@ -34,10 +34,14 @@ Contract.
   ``MAX_ROUND_LEASES``) and split by ``round_outcomes.split`` (arrival order; ordering
   keys kept on one caller). Each caller's leases end ``lease_seconds`` after the round's
   time. Payloads are read once per round for all its leases.
-- **Answers.** A lease ask gets ``Granted`` (its messages, and when their leases end). An
-  outcome ask gets one ``IdResult`` per id when it asked for results (the round then
-  reads the rows of the messages first and applies only what the results say, as
-  ``operations.acknowledge_results`` does), else None (nothing is read first). Ack ids of
+- **Answers.** A lease ask gets ``Granted`` (its messages, when their leases end, and
+  whether the subscription is exactly-once in the record the round read). An outcome ask
+  gets one ``IdResult`` per id when it asked for results (the round then reads the rows of
+  the messages first and applies only what the results say, as
+  ``operations.acknowledge_results`` does), else None (nothing is read first). It asks
+  for them with ``want_results``, or with ``results_if_exactly_once``: then only when the
+  subscription's record, read by the round, has ``enable_exactly_once_delivery`` (issue
+  15: the unary Acknowledge and ModifyAckDeadline need no read of their own to know). Ack ids of
   another subscription (or an earlier incarnation of this one) are ignored, with an
   INVALID_ACK_ID result. A failing round (the subscription deleted: NotFound; a storage
   error) fails every call in it with the same error, except the lease callers of a split
@@ -71,6 +75,7 @@ from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 from ..delivery.fanout import from_change_feed
 from ..delivery.hooks import DeliveryHooks, hooks_for
 from ..delivery.merge import commit, new_messages_only
+from ..delivery.operations import DECIDED
 from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
@@ -107,6 +112,7 @@ class OutcomeAsk(NamedTuple):
     ids: tuple[ackid.AckId, ...]
     seconds: float | None
     want_results: bool = False
+    results_if_exactly_once: bool = False  # results too when the round finds the subscription exactly-once
 
 
 Ask = Union[LeaseAsk, OutcomeAsk]
@@ -115,6 +121,7 @@ Ask = Union[LeaseAsk, OutcomeAsk]
 class Granted(NamedTuple):
     messages: list[ReceivedMessage]
     lease_end: float  # clock time the leases end (the round's time + lease_seconds)
+    exactly_once: bool = False  # the subscription's enable_exactly_once_delivery (the record the round read)
 
 
 # A lease ask on a push subscription is answered with FailedPrecondition (its call alone fails).
@@ -163,7 +170,8 @@ def run_round(
     flat = [Outcome(i.message_id, i.delivery_attempt, a.seconds, i.message_version)
             for a in outcome_asks for i in a.ids if i.sub_uid == uid]
     winners = resolve(flat)
-    want = any(a.want_results for a in outcome_asks)
+    wanted = [a.want_results or (a.results_if_exactly_once and sub.enable_exactly_once_delivery) for a in outcome_asks]
+    want = any(wanted)
     lease_secs = [float(sub.ack_deadline_seconds) if a.lease_seconds is None else a.lease_seconds for a in lease_asks]
 
     def fn(snap: Snapshot) -> _Decided:
@@ -195,7 +203,7 @@ def run_round(
             commit(snap, lease_parts, [uid], txns)
             return _Decided(now, leases, assign, None, key, outcomes_left=True)
         parts, applied = _outcome_parts(snap, uid, winners, want, now, policy)
-        commit(snap, _merge_cascades(parts + lease_parts), [uid], txns)
+        commit(snap, _merge_cascades(parts + lease_parts), [uid], txns, exact=DECIDED if want else frozenset())
         return _Decided(now, leases, assign, applied, key)
 
     if not winners and room <= 0:
@@ -213,7 +221,7 @@ def run_round(
             answers[i] = FailedPrecondition(f"{sub.name} is a push subscription; pull needs an empty push endpoint")
             continue
         got = received_messages(uid, sub.name, [leases[k] for k in decided.assign[j]], payloads, with_attempts=with_attempts)
-        answers[i] = Granted(got, decided.now + lease_secs[j])
+        answers[i] = Granted(got, decided.now + lease_secs[j], sub.enable_exactly_once_delivery)
     applied = decided.applied
     if decided.outcomes_left:
         if early is not None:
@@ -221,12 +229,12 @@ def run_round(
 
         def outcomes(snap: Snapshot) -> dict[str, bool] | None:
             parts, applied = _outcome_parts(snap, uid, winners, want, clock(), policy)
-            commit(snap, parts, [uid])
+            commit(snap, parts, [uid], exact=DECIDED if want else frozenset())
             return applied
 
         applied = engine.transact(DELIVERIES.name, outcomes, what=f"group commit {sub.name}")
-    for a, i in zip(outcome_asks, out_idx):
-        if a.want_results and applied is not None:
+    for a, i, asked in zip(outcome_asks, out_idx, wanted):
+        if asked and applied is not None:
             ok = applied
             answers[i] = [
                 IdResult(x.message_id, x.delivery_attempt,
@@ -392,13 +400,19 @@ class GroupCommits:
         assert isinstance(answer, Granted)
         return answer
 
-    async def acknowledge(self, subscription: str, ids: Sequence[ackid.AckId], *, want_results: bool = False) -> list[IdResult] | None:
-        return await self._outcome(subscription, ids, None, want_results)
+    async def acknowledge(
+        self, subscription: str, ids: Sequence[ackid.AckId], *, want_results: bool = False, results_if_exactly_once: bool = False
+    ) -> list[IdResult] | None:
+        """Ack `ids`; a result per id with `want_results`, or with `results_if_exactly_once`
+        when the subscription is exactly-once (else None)."""
+        return await self._outcome(subscription, ids, None, want_results, results_if_exactly_once)
 
     async def modify_deadline(
-        self, subscription: str, ids: Sequence[ackid.AckId], seconds: float, *, want_results: bool = False
+        self, subscription: str, ids: Sequence[ackid.AckId], seconds: float, *, want_results: bool = False,
+        results_if_exactly_once: bool = False,
     ) -> list[IdResult] | None:
-        return await self._outcome(subscription, ids, max(0.0, float(seconds)), want_results)
+        """Change the deadlines of `ids` (0: nack); results as ``acknowledge``."""
+        return await self._outcome(subscription, ids, max(0.0, float(seconds)), want_results, results_if_exactly_once)
 
     def submit_modify_deadline(
         self, subscription: str, ids: Sequence[ackid.AckId], seconds: float, *, defer: bool = False
@@ -420,12 +434,14 @@ class GroupCommits:
         until = self._clock() + secs if defer and secs > 0 else None
         return self._submit(subscription, OutcomeAsk(tuple(ids), secs, False), until)
 
-    async def _outcome(self, subscription: str, ids: Sequence[ackid.AckId], seconds: float | None, want: bool) -> list[IdResult] | None:
+    async def _outcome(
+        self, subscription: str, ids: Sequence[ackid.AckId], seconds: float | None, want: bool, if_exactly_once: bool = False
+    ) -> list[IdResult] | None:
         if not ids:
             return [] if want else None
         for fn in self._listeners:
             fn(ids, seconds)
-        answer = await self._submit(subscription, OutcomeAsk(tuple(ids), seconds, want))
+        answer = await self._submit(subscription, OutcomeAsk(tuple(ids), seconds, want, if_exactly_once))
         assert answer is None or isinstance(answer, list)
         return answer
 

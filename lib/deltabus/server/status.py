@@ -11,6 +11,14 @@ UNAVAILABLE), so the code must say what happened:
 - Aborted (a commit that kept conflicting; nothing written) -> ABORTED (retryable);
 - a timeout -> DEADLINE_EXCEEDED; Cancelled/ClientClosed (the server is stopping) and storage
   that cannot be reached (OSError) -> UNAVAILABLE;
+- AcknowledgeError with ``failed`` ack ids (exactly-once, issue 15: an Acknowledge or
+  ModifyAckDeadline whose other ids applied) -> INVALID_ARGUMENT, as Pub/Sub answers it, with
+  the rich status (``details``) the clients read per ack id: a ``google.rpc.Status`` of the
+  same code and message whose one detail is an ``ErrorInfo`` (reason
+  EXACTLY_ONCE_ACKID_FAILURE, domain pubsub.googleapis.com, metadata {ack id:
+  "PERMANENT_FAILURE_INVALID_ACK_ID"}). google-cloud-pubsub reads it with
+  ``grpc_status.rpc_status.from_call`` (which refuses a status whose code or message differ
+  from the call's) and counts an id missing from the metadata as applied;
 - anything else -> INTERNAL, with the exception's type only: payloads never reach a message.
 """
 
@@ -21,17 +29,47 @@ import concurrent.futures
 from typing import NamedTuple
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
-from ..errors import AlreadyExists, Aborted, Cancelled, FailedPrecondition, InvalidArgument, NotFound
+from ..errors import (AcknowledgeError, AcknowledgeStatus, AlreadyExists, Aborted, Cancelled, FailedPrecondition,
+                      InvalidArgument, NotFound)
+
+# The trailing metadata key of the rich status (grpc_status.rpc_status's GRPC_DETAILS_METADATA_KEY).
+DETAILS_KEY = "grpc-status-details-bin"
+ACK_FAILURE_REASON = "EXACTLY_ONCE_ACKID_FAILURE"
+ACK_FAILURE_DOMAIN = "pubsub.googleapis.com"
+ACK_FAILURE_MESSAGE = ("Some acknowledgement ids in the request were invalid. This could be because the acknowledgement"
+                       " ids have expired or the acknowledgement ids were malformed.")
+# Pub/Sub's per-ack-id failure values (google-cloud-pubsub retries the TRANSIENT_ ones).
+_ACK_FAILURES = {AcknowledgeStatus.INVALID_ACK_ID: "PERMANENT_FAILURE_INVALID_ACK_ID"}
 
 
 class Status(NamedTuple):
     code: grpc.StatusCode
     message: str
+    # A serialized google.rpc.Status to send as DETAILS_KEY trailing metadata (empty: none).
+    details: bytes = b""
+
+
+def ack_failure_details(code: grpc.StatusCode, message: str, failed: dict[str, AcknowledgeStatus]) -> bytes:
+    """The rich status of an exactly-once ack failure: `code` and `message` as the call's,
+    one ErrorInfo naming each failed ack id (``PERMANENT_FAILURE_<STATUS>``)."""
+    info = error_details_pb2.ErrorInfo(
+        reason=ACK_FAILURE_REASON, domain=ACK_FAILURE_DOMAIN,
+        metadata={a: _ACK_FAILURES.get(s, f"PERMANENT_FAILURE_{s.value}") for a, s in failed.items()},
+    )
+    rich = status_pb2.Status(code=code.value[0], message=message)
+    rich.details.add().Pack(info)
+    return rich.SerializeToString()
 
 
 def status_of(exc: BaseException) -> Status:
     """The status a call that raised `exc` ends with."""
+    if isinstance(exc, AcknowledgeError):
+        code = grpc.StatusCode.INVALID_ARGUMENT
+        if not exc.failed:
+            return Status(code, str(exc))
+        return Status(code, ACK_FAILURE_MESSAGE, ack_failure_details(code, ACK_FAILURE_MESSAGE, exc.failed))
     if isinstance(exc, InvalidArgument):
         return Status(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.field}: {exc.rule}")
     if isinstance(exc, NotFound):

@@ -13,9 +13,22 @@ Contract.
   stream with room (``policy.stream_flow``) asks for that many; its leases end
   ``stream_ack_deadline_seconds`` after the round. Responses stay under the client's
   4 MiB limit (several responses for one round when needed) and carry
-  ``subscription_properties`` (message ordering; exactly-once is off until issue 15). The
-  core's lease selection already keeps ordering keys in order; a round's leases of one
-  key go to one stream and are sent in lease order.
+  ``subscription_properties``: message ordering, and exactly-once delivery as the record
+  read by the round that leased the response's messages says (so an update reaches an open
+  stream with its next messages; the stream remembers what it last told its client,
+  ``_Stream.exactly_once``). The core's lease selection already keeps ordering keys in
+  order; a round's leases of one key go to one stream and are sent in lease order.
+- **Exactly-once** (issue 15). google-cloud-pubsub, told a subscription is exactly-once,
+  sends its acks and deadline changes (its receipt modack too, whose failure drops the
+  message before the callback) as unary Acknowledge / ModifyAckDeadline calls and reads a
+  result per ack id from their error status. Those go through ``StreamHub`` with
+  ``results=True``: the group commit then reads the rows first and answers per id when
+  the subscription is exactly-once (``GroupCommits``' ``results_if_exactly_once``), and a
+  deadline change of an id held by an exactly-once stream is never answered before its
+  round (the early answer below confirms nothing). A change that did not apply frees its
+  id on the stream at once (the id names no current delivery). Acks and changes sent on
+  the stream itself report nothing, so they ask for no results (no read); the core's
+  clauses still apply only those naming the current delivery.
 - **Flow control.** A message is outstanding on its stream from its lease until its ack
   id is acked or nacked (on the stream, or by a unary Acknowledge / ModifyAckDeadline,
   which go through ``StreamHub`` too: it maps every outstanding ack id to its stream) or
@@ -69,6 +82,7 @@ from google.pubsub_v1 import types as pb
 
 from .. import ackid, names
 from ..activity import ActivityRecorder
+from ..delivery.model import IdResult, Result
 from ..errors import FailedPrecondition, InvalidArgument
 from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
@@ -104,6 +118,7 @@ class _Stream:
     error: BaseException | None = None
     closed: bool = False  # the client half-closed its side
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # its outcome calls in flight (held until done)
+    exactly_once: bool = False  # what its responses last told the client (subscription_properties)
 
 
 class StreamHub:
@@ -145,17 +160,24 @@ class StreamHub:
     def _lookup(self, name: str) -> SubscriptionRecord:
         return self._state.registry.subscription(name)
 
-    async def acknowledge(self, subscription: str, ids: Sequence[ackid.AckId]) -> None:
-        """Ack through the group commit; the acked ids stop counting on their streams at once."""
+    async def acknowledge(self, subscription: str, ids: Sequence[ackid.AckId], *, results: bool = False) -> list[IdResult] | None:
+        """Ack through the group commit; the acked ids stop counting on their streams at once.
+
+        `results`: a result per id (request order) when the subscription is exactly-once,
+        else None (the unary Acknowledge; see the module docstring)."""
         for a in ids:
             self._settle(ackid.encode(*a))
-        await self.commits.acknowledge(subscription, ids)
+        answer = await self.commits.acknowledge(subscription, ids, results_if_exactly_once=results)
         if ids:  # ordering keys: the acked messages held their keys until this commit
             self._wake(lambda s: s.ordering and s.sub_uid == ids[0].sub_uid)
+        return answer
 
-    async def modify_deadline(self, subscription: str, ids: Sequence[ackid.AckId], seconds: float) -> None:
+    async def modify_deadline(
+        self, subscription: str, ids: Sequence[ackid.AckId], seconds: float, *, results: bool = False
+    ) -> list[IdResult] | None:
         """Change deadlines (0: nack) through the group commit; a nack wakes the
-        subscription's streams once committed (the message is due again).
+        subscription's streams once committed (the message is due again). `results` as
+        ``acknowledge``; an id whose change did not apply no longer counts on its stream.
 
         A change that ends every lease no later than the end the table holds (or will hold
         once the changes queued before it commit) is answered as soon as it is queued, and
@@ -166,9 +188,12 @@ class StreamHub:
         message come back earlier than promised. Why (measured, subscribe() at 500 msg/s):
         the Python client sends that modack as a blocking unary call BEFORE it hands the
         response's messages to the callbacks, so each delivery waited a whole round (queued
-        behind the running one, then its MERGE)."""
+        behind the running one, then its MERGE).
+
+        Never early for an id held by an exactly-once stream (its client waits for the
+        change's result, and the early answer would confirm a lease the round has not seen)."""
         if not ids:
-            return
+            return [] if results else None
         until = self._state.clock() + seconds
         early = seconds > 0
         for a in ids:
@@ -178,7 +203,7 @@ class StreamHub:
                 continue
             s = self._owner.get(enc)
             end = self._durable.get(enc)
-            if s is None or end is None or until > end:
+            if s is None or s.exactly_once or end is None or until > end:
                 early = False
             if s is not None:
                 s.flow.extended(enc, until)
@@ -186,17 +211,21 @@ class StreamHub:
             for a in ids:
                 self._durable[ackid.encode(*a)] = until
             self.commits.submit_modify_deadline(subscription, ids, seconds, defer=True).add_done_callback(_quiet)
-            return
+            return None
         # What each id's durable end was when this change was queued: a change queued after it
         # (a deferred one, shorter) commits after it, so its end must not be overwritten.
         queued = {ackid.encode(*a): self._durable.get(ackid.encode(*a)) for a in ids} if seconds > 0 else {}
-        await self.commits.modify_deadline(subscription, ids, seconds)
+        answer = await self.commits.modify_deadline(subscription, ids, seconds, results_if_exactly_once=results)
+        failed = {ackid.encode(*a) for a, r in zip(ids, answer or ()) if r.result is not Result.SUCCESS}
         if seconds > 0:
             for enc, was in queued.items():
-                if enc in self._durable and self._durable[enc] == was:
+                if enc in failed:  # names no current delivery: it no longer counts on its stream
+                    self._settle(enc)
+                elif enc in self._durable and self._durable[enc] == was:
                     self._durable[enc] = until
         else:
             self._wake(lambda s: s.sub_uid == ids[0].sub_uid)
+        return answer
 
     def _settle(self, ack_id: str) -> None:
         self._durable.pop(ack_id, None)
@@ -430,9 +459,7 @@ async def handle_streaming_pull(
             _spawn(s, hub.acknowledge(name, decode_ids(list(first.ack_ids), "ack_ids")))
         for secs, group in _modacks(first).items():
             _spawn(s, hub.modify_deadline(name, group, secs))
-        props = pb.StreamingPullResponse.SubscriptionProperties(
-            message_ordering_enabled=rec.enable_message_ordering, exactly_once_delivery_enabled=False
-        )
+        s.exactly_once = rec.enable_exactly_once_delivery
         hub.add(s)
         reader = asyncio.get_running_loop().create_task(_read(hub, s, request_iterator))
         while True:
@@ -451,6 +478,9 @@ async def handle_streaming_pull(
                 granted = await hub.commits.lease(name, room, s.lease_seconds)
                 if granted.messages:
                     counted = hub.seek_epoch(name) == epoch  # else a seek ran meanwhile: sent, not counted
+                    s.exactly_once = granted.exactly_once  # what these responses tell the client
+                    props = pb.StreamingPullResponse.SubscriptionProperties(
+                        message_ordering_enabled=s.ordering, exactly_once_delivery_enabled=s.exactly_once)
                     received, sizes = [], []
                     for m in granted.messages:
                         size = m.message.size

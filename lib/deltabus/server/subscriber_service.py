@@ -16,6 +16,15 @@ max_messages above MAX_PULL are capped, as Pub/Sub caps them. A response stays u
 client's 4 MiB limit: leased messages beyond it are given back at once (a nack, which counts
 as a delivery attempt and follows the retry policy).
 
+Exactly-once delivery (issue 15): on a subscription with ``enable_exactly_once_delivery``
+Acknowledge and ModifyAckDeadline answer per ack id. They apply every id that names a
+current delivery; when any did not, the call fails with INVALID_ARGUMENT whose rich status
+(``status.status_of`` of an ``AcknowledgeError``) maps each failed id, exactly as the
+request spelled it, to ``PERMANENT_FAILURE_INVALID_ACK_ID``; ids it does not name applied.
+The group commit's round learns from the record it reads anyway whether the subscription is
+exactly-once, so neither call reads anything more on other subscriptions (best effort, as
+before: an id that does not apply is silently ignored).
+
 Seek and snapshots (issue 15) are the SubscriberClient's ``seek`` and ``*_snapshot``
 methods (``delivery/seek``, ``snapshots``), with requests from ``convert``: a Seek names a
 ``time`` or a ``snapshot`` (neither: INVALID_ARGUMENT naming ``target``; a snapshot of
@@ -35,7 +44,8 @@ import grpc.aio
 from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as pb
 
-from ..errors import FailedPrecondition, InvalidArgument, NotFound
+from ..delivery.model import IdResult, Result
+from ..errors import AcknowledgeError, AcknowledgeStatus, FailedPrecondition, InvalidArgument, NotFound
 from .. import ackid, names
 from ..types import MAX_ACK_DEADLINE
 from . import convert, streaming
@@ -57,6 +67,17 @@ def _ack_ids(subscription: str, ack_ids: Any) -> tuple[str, list[ackid.AckId]]:
     if not ack_ids:
         raise InvalidArgument("ack_ids", "at least one ack id is required")
     return name, streaming.decode_ids(list(ack_ids), "ack_ids")
+
+
+def _refuse_failed(ack_ids: Any, results: list[IdResult] | None) -> None:
+    """AcknowledgeError mapping each ack id (as the request spelled it) whose outcome did not
+    apply to INVALID_ACK_ID; nothing when all applied or there are no results (not exactly-once)."""
+    if results is None:
+        return
+    failed = {a: AcknowledgeStatus.INVALID_ACK_ID for a, r in zip(list(ack_ids), results) if r.result is not Result.SUCCESS}
+    if failed:
+        raise AcknowledgeError(AcknowledgeStatus.INVALID_ACK_ID, f"{len(failed)} of {len(results)} ack ids name no current delivery",
+                               failed)
 
 
 def received(m: LeasedMessage) -> pb.ReceivedMessage:
@@ -119,8 +140,9 @@ class SubscriberService:
     async def Acknowledge(self, request: pb.AcknowledgeRequest, context: Context) -> empty_pb2.Empty:
         # Through the group commit (streaming.StreamHub), so the acked messages stop counting
         # against their StreamingPull's flow control and share a MERGE with other callers.
+        # Exactly-once: a result per id (the module docstring).
         name, ids = _ack_ids(request.subscription, request.ack_ids)
-        await streaming.hub_for(self.state).acknowledge(name, ids)
+        _refuse_failed(request.ack_ids, await streaming.hub_for(self.state).acknowledge(name, ids, results=True))
         return empty_pb2.Empty()
 
     @rpc
@@ -129,7 +151,7 @@ class SubscriberService:
         if not 0 <= seconds <= MAX_ACK_DEADLINE:
             raise InvalidArgument("ack_deadline_seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds}")
         name, ids = _ack_ids(request.subscription, request.ack_ids)
-        await streaming.hub_for(self.state).modify_deadline(name, ids, seconds)
+        _refuse_failed(request.ack_ids, await streaming.hub_for(self.state).modify_deadline(name, ids, seconds, results=True))
         return empty_pb2.Empty()
 
     async def _lease(self, subscription: str, n: int) -> list[LeasedMessage]:
