@@ -31,13 +31,17 @@ from tests.integration.test_engine_contract import (  # noqa: F401 - delta_spark
 # (minReaderVersion, minWriterVersion, readerFeatures, writerFeatures, table properties):
 # legacy protocol versions, no table features. Writer 4 on messages is change data feed's.
 PINNED = {
-    "topics": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),
+    "topics": (1, 2, None, None, {"deltabus.schemaVersion": "2"}),  # 2: message_retention_duration (issue 15)
     # 2: retry_policy, dead_letter_policy, filter (issue 13); 3: detached (issue 14)
-    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "4"}),  # 4: expiration_policy, last_active (issue 15)
+    # 4: expiration_policy, last_active; 5: message_retention_duration, retain_acked_messages,
+    # enable_exactly_once_delivery (issue 15)
+    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "5"}),
     "messages": (1, 4, None, None, {"delta.enableChangeDataFeed": "true", "deltabus.schemaVersion": "1"}),
     "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "2"}),  # 2: dead_letter_key (issue 13)
     "backlog": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: dead_lettered, dead_letter_blocked (issue 13)
     "backlog_history": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: as backlog
+    "snapshots": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),  # issue 15
+    "snapshot_messages": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),  # issue 15
 }
 
 
