@@ -146,6 +146,15 @@ class Server:
     async def stop(self) -> None:
         self.state.stopping.set()
         await self.server.stop(self.state.settings.grace_seconds)
+        # Rounds and stream acks still committing finish (or are cancelled after the grace
+        # period) before the loop closes: a task left pending was destroyed with the loop,
+        # and its commit cut at an arbitrary point ("Task was destroyed but it is pending").
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if pending:
+            _, left = await asyncio.wait(pending, timeout=max(1.0, self.state.settings.grace_seconds))
+            for t in left:
+                t.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self._close)
 
     def _close(self) -> None:

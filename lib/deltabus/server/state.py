@@ -8,9 +8,8 @@ Contract (the services and ``streaming.handle_streaming_pull`` rely on it):
   calls reuse their request validation and name rules (``request=`` dicts).
 - ``run(fn, *args)``: await a blocking call (any delta-rs work) on ``executor``, the
   server's thread pool (``ServeSettings.threads``); the event loop never blocks on Delta.
-- ``lease(subscription, max_messages, lease_seconds)``: blocking; lease what is due and
-  return it as ``LeasedMessage`` records with payloads (one pull MERGE of the delivery
-  core, then one payload read). Refuses a push subscription (FailedPrecondition).
+- ``LeasedMessage``: a leased message as the unary Pull answers it (the group commit
+  leases: ``server.group_commit``).
 - ``watch_uris`` / ``versions()``: the messages and deliveries tables followed by this
   process's log watcher; ``versions()`` is a stat of the local logs (cheap, non-blocking
   enough for the loop), so a waiter re-reads only after a commit (or a time bound, since
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,10 +35,7 @@ from typing import Any, Callable, Literal, NamedTuple, TypeVar
 
 import grpc
 
-from .. import ackid, names, watch
-from ..delivery import operations
-from ..delivery.payloads import fetch_messages
-from ..errors import FailedPrecondition
+from .. import names, watch
 from ..publisher.client import PublisherClient
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine
@@ -52,7 +47,6 @@ T = TypeVar("T")
 # a Pull or StreamingPull response must stay below it, with room for framing.
 RESPONSE_LIMIT = 4 * 1024 * 1024 - 64 * 1024
 MESSAGE_OVERHEAD = 64  # bytes per message for tags, lengths, the publish time and the attempt
-log = logging.getLogger(__name__)
 
 FaultStage = Literal["before", "after"]
 # (method name, stage) -> a status code to fail the call with, or None to let it be.
@@ -96,39 +90,6 @@ class ServerState:
     def subscription(self, name: str, field_name: str = "subscription") -> SubscriptionRecord:
         """The live subscription `name` (InvalidArgument for a malformed name, NotFound)."""
         return self.registry.subscription(str(names.parse_subscription(name, field_name)))
-
-    def lease(self, subscription: str, max_messages: int, lease_seconds: float | None = None) -> list[LeasedMessage]:
-        """Blocking. `lease_seconds` None: the subscription's ack deadline."""
-        rec = self.subscription(subscription)
-        if lease_seconds is None:
-            lease_seconds = rec.ack_deadline_seconds
-        if rec.push_config.is_push:
-            raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
-        leases = operations.pull(self.engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self.clock)
-        if not leases:
-            return []
-        payloads = fetch_messages(self.engine, rec.topic_uid, [lease.message_id for lease in leases])
-        out = []
-        for lease in leases:
-            row = payloads.get(lease.message_id)
-            if row is None:  # payload files gone (retention): cannot deliver; the lease runs out
-                log.error("message %s of %s has no payload in the messages table", lease.message_id, rec.name)
-                continue
-            attributes = dict(row["attributes"] or [])
-            data = row["data"] or b""
-            out.append(
-                LeasedMessage(
-                    ack_id=ackid.encode(rec.sub_uid, lease.message_id, lease.delivery_attempt, lease.message_version),
-                    message_id=lease.message_id,
-                    data=data,
-                    attributes=attributes,
-                    publish_time=row["publish_time"],
-                    ordering_key=row["ordering_key"] or "",
-                    delivery_attempt=lease.delivery_attempt if rec.dead_letter_policy is not None else 0,
-                    size=len(data) + sum(len(k) + len(v) for k, v in attributes.items()),
-                )
-            )
-        return out
 
 
 def split_for_response(leased: list[LeasedMessage], limit: int = RESPONSE_LIMIT) -> tuple[list[LeasedMessage], list[LeasedMessage]]:

@@ -185,7 +185,10 @@ class SubscriberService:
         keep, rest = split_for_response(leased)
         if rest:  # over the client's response limit: give them back now
             body = {"subscription": request.subscription, "ack_ids": [m.ack_id for m in rest], "ack_deadline_seconds": 0}
-            await self.state.run(self.state.subscriber.modify_ack_deadline, request=body)
+            try:
+                await self.state.run(self.state.subscriber.modify_ack_deadline, request=body)
+            except AcknowledgeError:  # exactly-once: an id that did not apply has no lease left to give back
+                pass
         return pb.PullResponse(received_messages=[received(m) for m in keep])
 
     # -- snapshots and seek (issue 15) ----------------------------------------------------------
