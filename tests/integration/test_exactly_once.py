@@ -22,6 +22,7 @@ import deltabus
 from deltabus import SubscriberClient
 from deltabus.errors import AcknowledgeError, AcknowledgeStatus, InvalidArgument
 from tests.conftest import ManualClock, table_versions
+from tests.integration.test_dead_letter import dlq  # noqa: F401  (a fixture)
 
 P = "local"
 
@@ -213,3 +214,30 @@ def test_a_process_killed_while_acking_loses_nothing_and_redelivers_nothing_acke
     # per kill whose ack committed before the process could report it.
     assert set(rest) <= set(ids) and len(set(ids) - acked - set(rest)) <= 3 * 7
     assert acked  # the kills came after some acks
+
+
+def test_an_ack_of_a_row_a_dead_letter_move_owns_fails_at_once(pub, csub, topic, dlq, monkeypatch) -> None:
+    """A move marked the row and stopped (a crash before it finished): the outcome clauses
+    refuse a marked row, so an exactly-once ack of it must say INVALID_ACK_ID, not rerun its
+    decision until the conflict limit (found by review: 532 attempts in 120 s)."""
+    from deltabus.delivery import dead_letter
+    from deltabus.types import DeadLetterPolicy
+    from tests.integration.test_dead_letter import nack, pull
+
+    dl_topic, _ = dlq
+    name = csub.subscription_path(P, "eod-dead-letter")
+    csub.create_subscription(request={"name": name, "topic": topic, "enable_exactly_once_delivery": True,
+                                      "dead_letter_policy": DeadLetterPolicy(dl_topic, 5)})
+    pub.publish_batch(topic, [{"data": b"held"}])
+    for i in range(5):
+        (last,) = pull(csub, name)
+        if i < 4:
+            nack(csub, name, [last])
+    csub._clock.advance(3600)  # the fifth lease runs out: the next pull gives it up
+    with monkeypatch.context() as m:
+        m.setattr(dead_letter.DeadLetterMover, "finish", lambda self, engine, key: None)  # the move stops after its mark
+        assert pull(csub, name) == []
+    csub._engine._max_conflict_seconds = 5  # were it to loop, fail in seconds
+    with pytest.raises(AcknowledgeError) as e:
+        csub.acknowledge(subscription=name, ack_ids=[last.ack_id])
+    assert e.value.failed == {last.ack_id: AcknowledgeStatus.INVALID_ACK_ID}

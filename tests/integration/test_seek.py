@@ -287,3 +287,23 @@ def test_an_old_ack_id_never_acks_a_message_the_seek_brought_back(pub, sub, topi
     assert e.value.failed == {old.ack_id: AcknowledgeStatus.INVALID_ACK_ID}
     sub.acknowledge(subscription=name, ack_ids=[new.ack_id])
     assert drain(sub, name) == []
+
+
+def test_an_old_ack_id_of_a_later_attempt_does_not_beat_the_current_one(pub, sub, topic) -> None:
+    """Before the seek the message was delivered twice (attempt 2 acked); brought back, its
+    new delivery is attempt 1 of a lower version. Both ids in one call: the current applies."""
+    name = sub.subscription_path(P, "old-attempts")
+    sub.create_subscription(request={"name": name, "topic": topic, "retain_acked_messages": True,
+                                     "enable_exactly_once_delivery": True})
+    publish(pub, topic, ["m"])
+    (first,) = sub.pull(subscription=name, max_messages=1, return_immediately=True).received_messages
+    sub.modify_ack_deadline(subscription=name, ack_ids=[first.ack_id], ack_deadline_seconds=0)
+    (second,) = sub.pull(subscription=name, max_messages=1, return_immediately=True).received_messages
+    sub.acknowledge(subscription=name, ack_ids=[second.ack_id])
+    sub.seek(subscription=name, time=0)
+    (again,) = sub.pull(subscription=name, max_messages=1, return_immediately=True).received_messages
+    assert (second.delivery_attempt, again.delivery_attempt) == (2, 1)
+    with pytest.raises(AcknowledgeError) as e:
+        sub.acknowledge(subscription=name, ack_ids=[again.ack_id, second.ack_id])
+    assert e.value.failed == {second.ack_id: AcknowledgeStatus.INVALID_ACK_ID}  # the current one applied
+    assert drain(sub, name) == []

@@ -124,3 +124,25 @@ def test_of_two_ids_with_one_attempt_the_lower_version_is_the_later_delivery() -
         got = decide("s1", OutcomeKind.ACK, order, now)
         assert {r.result for r in got.results} == {OK, BAD} and source(got.source) == [("ack", "m1", 1, None)]
         assert [r.result for r in got.results] == [OK if v == -5 else BAD for _, _, v in order]
+
+
+def test_an_exact_commit_is_short_when_an_applied_cascade_hides_a_refused_nack() -> None:
+    """delta-spark: a NACK of A refused (A acked in the window before its MERGE read) and a
+    CASCADE of B applied make one update; the exact check must still see the nack missing."""
+    from deltabus.delivery.merge import _short, cascade_rows, source_rows
+    from deltabus.delivery.operations import DECIDED
+
+    t = pa.table({"message_id": pa.array(["A"]), "delivery_attempt": pa.array([1], pa.int32())})
+    nacked = source_rows(Op.NACK, "u", t, t["delivery_attempt"], pa.array([0], TS))
+    cascaded = cascade_rows("u", pa.table({"message_id": pa.array(["B"]), "delivery_attempt": pa.array([1], pa.int32())}))
+    both = pa.concat_tables([nacked, cascaded])
+    assert _short({"num_target_rows_updated": 1}, both, DECIDED) is not None
+    assert _short({"num_target_rows_updated": 2}, both, DECIDED) is None
+
+
+def test_a_marked_row_takes_no_outcome() -> None:
+    now = current(("a", 5, LEASED)).append_column("message_version", pa.array([3], pa.int64()))
+    now = now.append_column("dead_letter_key", pa.array([77], pa.int64()))
+    for kind in (OutcomeKind.ACK, OutcomeKind.NACK):
+        got = decide("s1", kind, [("a", 5, 3)], now)
+        assert got.results == [IdResult("a", 5, BAD)] and got.source.num_rows == 0

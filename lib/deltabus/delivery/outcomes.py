@@ -43,7 +43,7 @@ _OP = {
 # at or below it are nacked).
 _NACKED_MAX_US = 1
 
-CURRENT_COLUMNS = ["message_id", "delivery_attempt", "lease_expires", "message_version"]
+CURRENT_COLUMNS = ["message_id", "delivery_attempt", "lease_expires", "message_version", "dead_letter_key"]
 
 
 def op_of(kind: OutcomeKind) -> Op:
@@ -106,12 +106,13 @@ FOLLOWER_COLUMNS = ["message_id", "message_version", "ordering_key", "delivery_a
 def read_followers(snap: Snapshot, sub_uid: str, now: float, nacked_ids: Sequence[str]) -> pa.Table:
     """For the ordering nack cascade (``policy.ordering.followers``): the rows with an
     ordering key that are outstanding at `now` (lease running) or are the nacked messages
-    themselves (FOLLOWER_COLUMNS). Its cost follows the outstanding messages, not the backlog."""
+    themselves (FOLLOWER_COLUMNS), never a row a dead-letter move owns (the CASCADE clause
+    refuses those). Its cost follows the outstanding messages, not the backlog."""
     ids = pa.array(sorted(set(nacked_ids)), pa.string())
     lease = pc.field("lease_expires")
     return snap.read(
         FOLLOWER_COLUMNS, partition=sub_uid,
-        filter=lease.is_valid() & (pc.field("ordering_key").cast(pa.string()) != "")
+        filter=lease.is_valid() & (pc.field("ordering_key").cast(pa.string()) != "") & pc.field("dead_letter_key").is_null()
         & ((lease > ts_scalar(now)) | pc.field("message_id").cast(pa.string()).isin(ids)),
     )
 
@@ -132,10 +133,14 @@ class Decision(NamedTuple):
     source: pa.Table  # the source rows that apply (SOURCE_SCHEMA); empty when none does
 
 
-def _applies(kind: OutcomeKind, attempt: int, version: int | None, current: tuple[int, int | None, int | None] | None) -> bool:
+def _applies(
+    kind: OutcomeKind, attempt: int, version: int | None, current: tuple[int, int | None, int | None, bool] | None
+) -> bool:
     if current is None:
         return False
-    now_attempt, lease_us, now_version = current
+    now_attempt, lease_us, now_version, marked = current
+    if marked:  # a dead-letter move owns the row: every outcome clause refuses it (merge._UNMARKED)
+        return False
     if now_attempt != attempt or (version is not None and version != now_version):
         return False
     op = op_of(kind)
@@ -163,7 +168,11 @@ def decide(
     for ``rows``; an array is one value per message of ``latest_per_message(requested)``. Pure."""
     lease = current["lease_expires"].cast(pa.int64()).to_pylist()
     versions = current["message_version"].to_pylist() if "message_version" in current.column_names else [None] * current.num_rows
-    now_rows = dict(zip(current["message_id"].to_pylist(), zip(current["delivery_attempt"].to_pylist(), lease, versions)))
+    marks = (
+        [m is not None for m in current["dead_letter_key"].to_pylist()] if "dead_letter_key" in current.column_names
+        else [False] * current.num_rows
+    )
+    now_rows = dict(zip(current["message_id"].to_pylist(), zip(current["delivery_attempt"].to_pylist(), lease, versions, marks)))
     latest = latest_per_message(requested)
     keep = {m: (a, v) for m, a, v in zip(latest["message_id"].to_pylist(), latest["delivery_attempt"].to_pylist(),
                                           latest["message_version"].to_pylist())}

@@ -55,16 +55,17 @@ def resolve(outcomes: Sequence[Outcome]) -> dict[str, Outcome]:
 
 
 def newer(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
-    """Whether delivery `a` (attempt, row version) is later than `b`: a higher attempt, or the
-    same attempt of a lower version. A row's version only ever goes down (each seek gives the
-    rows it keeps or brings back an epoch below every version present, ``delivery.seek``), so
-    of two ids with one attempt the lower version names the later row; an id without a
-    version (the older ack-id format) is the older. Pure."""
+    """Whether delivery `a` (attempt, row version) is later than `b`. A row's version only ever
+    goes down (each seek gives the rows it keeps or brings back an epoch below every version
+    present, ``delivery.seek``), and a row a seek brought back starts its attempts again: so
+    of two known, different versions the lower is the later row whatever the attempts; of
+    one version (or where an id lacks it: the older ack-id format) the higher attempt is
+    later, and on a tie the id with a version wins. Pure."""
+    if a[1] is not None and b[1] is not None and a[1] != b[1]:
+        return a[1] < b[1]
     if a[0] != b[0]:
         return a[0] > b[0]
-    if a[1] is None or b[1] is None:
-        return a[1] is not None and b[1] is None
-    return a[1] < b[1]
+    return a[1] is not None and b[1] is None
 
 
 def result_of(item: Outcome, winner: Outcome | None, applied: bool) -> bool:
