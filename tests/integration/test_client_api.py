@@ -85,6 +85,15 @@ def test_request_dicts_give_the_same_answers_as_keywords(pub, sub, warehouse):
     call(sub, "update_subscription", subscription={"name": s, "labels": {"a": "b"}}, update_mask=["labels"])
     call(sub, "modify_push_config", subscription=s, push_config={})
     assert sub.get_subscription(subscription=s).labels == {"a": "b"}
+    assert call(pub, "update_topic", topic={"name": topic, "message_retention_duration": 3600},
+                update_mask=["message_retention_duration"]).message_retention_duration == 3600
+    snap = sub.snapshot_path("local", "orders-snap")
+    assert call(sub, "create_snapshot", name=snap, subscription=s, labels={"k": "v"}) == sub.get_snapshot(snapshot=snap)
+    assert call(sub, "get_snapshot", snapshot=snap).labels == {"k": "v"}
+    assert [x.name for x in call(sub, "list_snapshots", project="local")] == [snap]
+    assert call(sub, "update_snapshot", snapshot={"name": snap, "labels": {}}, update_mask=["labels"]).labels == {}
+    assert call(sub, "seek", subscription=s, snapshot=snap) == call(sub, "seek", subscription=s, time=0)
+    call(sub, "delete_snapshot", snapshot=snap)
     call(pub, "detach_subscription", subscription=s)
     assert sub.get_subscription(subscription=s).detached
     call(sub, "delete_subscription", subscription=s)
