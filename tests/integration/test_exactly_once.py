@@ -195,7 +195,7 @@ def test_a_process_killed_while_acking_loses_nothing_and_redelivers_nothing_acke
     ids = pub.publish_batch(topic, [{"data": f"k{i}".encode()} for i in range(400)])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(deltabus.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     acked: set[str] = set()
-    for delay in (0.8, 1.5, 2.5):
+    for delay in (0.8, 2.0):
         proc = subprocess.Popen([sys.executable, "-c", WORKER, warehouse, name], env=env, stdout=subprocess.PIPE, text=True)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
@@ -212,7 +212,7 @@ def test_a_process_killed_while_acking_loses_nothing_and_redelivers_nothing_acke
     assert len(rest) == len(set(rest))
     # Nothing is lost: each message was acked or is delivered now, but for at most one batch
     # per kill whose ack committed before the process could report it.
-    assert set(rest) <= set(ids) and len(set(ids) - acked - set(rest)) <= 3 * 7
+    assert set(rest) <= set(ids) and len(set(ids) - acked - set(rest)) <= 2 * 7
     assert acked  # the kills came after some acks
 
 

@@ -37,7 +37,9 @@ def test_seek_back_and_forth_while_the_push_job_runs(spark, pub, psub, topic, wa
         psub.create_subscription(request={"name": name, "topic": topic, "push_config": {"push_endpoint": ep.url},
                                           "retain_acked_messages": True})
         stop = threading.Event()
-        job = threading.Thread(target=runner.run, args=(spark, settings(warehouse)), kwargs={"stop": stop, "max_seconds": 240})
+        # No backlog refreshes (settled() computes the backlog itself): the batches stay short.
+        job = threading.Thread(target=runner.run, args=(spark, settings(warehouse, trigger_interval=0.1, backlog_interval=3600.0)),
+                               kwargs={"stop": stop, "max_seconds": 240})
         job.start()
         try:
             deadline = time.time() + 180
