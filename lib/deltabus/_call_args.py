@@ -8,7 +8,7 @@ about HTTP requests (hence no longer ``_requests.py``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from .errors import InvalidArgument
 
@@ -31,3 +31,21 @@ def required(values: Mapping[str, Any], name: str, method: str) -> Any:
     if values.get(name) is None:
         raise InvalidArgument(name, f"{method} requires {name}")
     return values[name]
+
+
+def mask_paths(values: Mapping[str, Any], updatable: Collection[str], method: str) -> list[str]:
+    """The paths of an update call's ``update_mask`` (a list of paths, or Pub/Sub's
+    ``{"paths": [...]}``): at least one, each an updatable field, else InvalidArgument
+    naming ``update_mask``."""
+    mask = required(values, "update_mask", method)
+    if isinstance(mask, Mapping):
+        mask = mask.get("paths", [])
+    if isinstance(mask, str) or not isinstance(mask, Iterable):
+        raise InvalidArgument("update_mask", "must be a list of field paths")
+    paths = list(mask)
+    if not paths:
+        raise InvalidArgument("update_mask", f"name at least one field to update: {sorted(updatable)}")
+    bad = [p for p in paths if p not in updatable]
+    if bad:
+        raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {sorted(updatable)}")
+    return paths

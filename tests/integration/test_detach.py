@@ -163,7 +163,7 @@ def test_a_version_2_subscriptions_table_gains_the_detached_column(warehouse: st
 def test_the_cli_detaches_and_shows_it(warehouse: str, capsys: pytest.CaptureFixture[str]) -> None:
     from deltabus.cli import main
 
-    env: dict[str, str] = {}
+    env: dict[str, str] = {"DELTABUS_ENGINE": "delta-rs"}  # "auto" would pick delta-spark: the tests' session has the jars (23 s)
     assert main(["--warehouse", warehouse, "topics", "create", "orders"], environ=env) == 0
     assert main(["--warehouse", warehouse, "subscriptions", "create", "orders-sub", "--topic", "orders"], environ=env) == 0
     capsys.readouterr()

@@ -10,7 +10,7 @@ from .. import names, pagination
 from ..delivery import detach
 from .._closing import refused_when_closed
 from .._common import ClientBase
-from .._call_args import fields, required
+from .._call_args import fields, mask_paths, required
 from ..errors import ClientClosed, InvalidArgument, OrderingNotEnabled
 from ..pagers import ListTopicsPager, ListTopicSubscriptionsPager
 from .rows import OutgoingMessage, append, build_rows, from_arrow
@@ -105,17 +105,7 @@ class PublisherClient(ClientBase):
         ``message_retention_duration`` (unset or 0 in the topic: no retention)."""
         f = fields("update_topic", request, {"topic", "update_mask"}, topic=topic, update_mask=update_mask)
         raw = required(f, "topic", "update_topic")
-        mask = required(f, "update_mask", "update_topic")
-        if isinstance(mask, Mapping):
-            mask = mask.get("paths", [])
-        if isinstance(mask, str) or not isinstance(mask, Iterable):
-            raise InvalidArgument("update_mask", "must be a list of field paths")
-        paths = list(mask)
-        if not paths:
-            raise InvalidArgument("update_mask", f"name at least one field to update: {sorted(UPDATABLE_TOPIC_FIELDS)}")
-        bad = [p for p in paths if p not in UPDATABLE_TOPIC_FIELDS]
-        if bad:
-            raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {sorted(UPDATABLE_TOPIC_FIELDS)}")
+        paths = mask_paths(f, UPDATABLE_TOPIC_FIELDS, "update_topic")
         if isinstance(raw, Topic):
             values: dict[str, Any] = {"name": raw.name, **{p: getattr(raw, p) for p in paths}}
         elif isinstance(raw, Mapping):

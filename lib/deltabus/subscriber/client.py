@@ -17,7 +17,7 @@ from ..delivery import dead_letter, operations as delivery
 from ..delivery.payloads import fetch_messages, received_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
-from .._call_args import fields, required
+from .._call_args import fields, mask_paths, required
 from ..delivery.model import DeliveryRef, Result
 from ..errors import AcknowledgeError, AcknowledgeStatus, ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached
 from ..delivery import seek as seeking
@@ -181,17 +181,7 @@ class SubscriberClient(ClientBase):
         ``filter`` and ``enable_message_ordering`` are fixed at creation."""
         f = fields("update_subscription", request, {"subscription", "update_mask"}, subscription=subscription, update_mask=update_mask)
         raw = required(f, "subscription", "update_subscription")
-        mask = required(f, "update_mask", "update_subscription")
-        if isinstance(mask, Mapping):
-            mask = mask.get("paths", [])
-        if isinstance(mask, str) or not isinstance(mask, Iterable):
-            raise InvalidArgument("update_mask", "must be a list of field paths")
-        paths = list(mask)
-        if not paths:
-            raise InvalidArgument("update_mask", f"name at least one field to update: {sorted(_UPDATABLE)}")
-        bad = [p for p in paths if p not in _UPDATABLE]
-        if bad:
-            raise InvalidArgument("update_mask", f"cannot update {bad}; updatable fields: {sorted(_UPDATABLE)}")
+        paths = mask_paths(f, _UPDATABLE, "update_subscription")
         sub_name: Any  # checked by _sub, which names subscription.name
         if isinstance(raw, Subscription):
             values: dict[str, Any] = {p: getattr(raw, p) for p in paths}
@@ -346,14 +336,7 @@ class SubscriberClient(ClientBase):
         expire_time is set by the snapshot's messages)."""
         f = fields("update_snapshot", request, {"snapshot", "update_mask"}, snapshot=snapshot, update_mask=update_mask)
         raw = required(f, "snapshot", "update_snapshot")
-        mask = required(f, "update_mask", "update_snapshot")
-        if isinstance(mask, Mapping):
-            mask = mask.get("paths", [])
-        if isinstance(mask, str) or not isinstance(mask, Iterable):
-            raise InvalidArgument("update_mask", "must be a list of field paths")
-        paths = list(mask)
-        if paths != ["labels"]:
-            raise InvalidArgument("update_mask", f"can update only ['labels'], got {paths}")
+        mask_paths(f, ("labels",), "update_snapshot")
         snap_name: Any
         labels: Any
         if isinstance(raw, Snapshot):
