@@ -27,7 +27,6 @@ from .errors import AlreadyExists, NotFound
 from .registry import new_uid
 from .storage import Engine, MatchedDelete, MatchedUpdate, NotMatchedInsert, literal
 from .storage.tables import SNAPSHOT_MESSAGES, SNAPSHOTS
-from .timestamps import utc
 from .types import Snapshot
 
 Clock = Callable[[], float]
@@ -195,13 +194,11 @@ class Snapshots:
         stats = self._engine.snapshot(SNAPSHOT_MESSAGES.name).file_stats()
         if stats.num_rows == 0:
             return 0
-        uid_col = "partition.snapshot_uid" if "partition.snapshot_uid" in stats.column_names else "partition_values"
+        # Both engines list files through delta-rs's flattened add actions: the partition value
+        # and the file's modification time (ms since the epoch) are columns.
         swept = 0
-        times = stats["modification_time"].to_pylist() if "modification_time" in stats.column_names else [None] * stats.num_rows
         by_uid: dict[str, float] = {}
-        for uid, mtime in zip(stats[uid_col].to_pylist(), times):
-            if isinstance(uid, dict):
-                uid = uid.get("snapshot_uid")
+        for uid, mtime in zip(stats["partition.snapshot_uid"].to_pylist(), stats["modification_time"].to_pylist()):
             seconds = _seconds(mtime)
             by_uid[uid] = max(by_uid.get(uid, seconds), seconds)
         for uid, newest in by_uid.items():
@@ -223,7 +220,3 @@ def _seconds(mtime: Any) -> float:
 
 def new_snapshot_uid() -> str:
     return new_uid("n")
-
-
-def utc_time(seconds: float) -> dt.datetime:
-    return utc(seconds)

@@ -310,21 +310,17 @@ def _retention(value: Any, path: str) -> float:
 
 
 def parse_ttl(text: str) -> dict[str, float | None]:
-    """The CLI's --ttl as the field's request value: ``never``, or a duration (seconds, or a
-    number with s/m/h/d). The range is the field's validator's to check (its error names
-    ``expiration_policy.ttl``); a value that is no duration is argparse's error."""
+    """The CLI's --ttl as the field's request value: ``never``, or a duration
+    (``parse_duration``). The range is the field's validator's to check (its error names
+    ``expiration_policy.ttl``)."""
     import argparse
 
-    value = text.strip().lower()
-    if value == "never":
+    if text.strip().lower() == "never":
         return {"ttl": None}
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
-    scale = units.get(value[-1:])
     try:
-        seconds = float(value[:-1] if scale is not None else value) * (scale or 1.0)
-    except ValueError:
+        return {"ttl": parse_duration(text)}
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"must be 'never' or a duration such as 31d, 36h or 86400, got {text!r}") from None
-    return {"ttl": seconds}
 
 
 EXPIRATION_POLICY = pa.struct([pa.field("ttl", pa.float64())])

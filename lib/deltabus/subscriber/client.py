@@ -355,7 +355,9 @@ class SubscriberClient(ClientBase):
 
     # -- pull ------------------------------------------------------------------------
     def _pull_received(self, subscription: str, max_messages: int, lease_seconds: float) -> list[ReceivedMessage]:
-        rec = self._sub(subscription)
+        return self._pull_record(self._sub(subscription), max_messages, lease_seconds)
+
+    def _pull_record(self, rec: SubscriptionRecord, max_messages: int, lease_seconds: float) -> list[ReceivedMessage]:
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
         leases = delivery.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock)
@@ -419,29 +421,28 @@ class SubscriberClient(ClientBase):
             uris.append(uri)
         return lw, uris
 
-    def _decode(self, rec: SubscriptionRecord, ack_ids: Any) -> list[DeliveryRef]:
+    @staticmethod
+    def _decoded(ack_ids: Any) -> list[tuple[str, ackid.AckId]]:
+        """Each ack id with its decoded form; InvalidArgument naming ``ack_ids[i]`` for a bad one."""
         if isinstance(ack_ids, str) or not isinstance(ack_ids, Iterable):
             raise InvalidArgument("ack_ids", "must be a list of ack ids")
-        decoded = [ackid.decode(a, f"ack_ids[{i}]") for i, a in enumerate(ack_ids)]
-        if not decoded:
+        out = [(a, ackid.decode(a, f"ack_ids[{i}]")) for i, a in enumerate(ack_ids)]
+        if not out:
             raise InvalidArgument("ack_ids", "at least one ack id is required")
-        # Ack ids of another subscription (or of an earlier incarnation of this one) are ignored.
-        return [(d.message_id, d.delivery_attempt, d.message_version) for d in decoded if d.sub_uid == rec.sub_uid]
+        return out
 
-    def _results(self, subscription: str, ack_ids: Sequence[str], seconds: int | None) -> dict[str, AcknowledgeStatus]:
+    def _decode(self, rec: SubscriptionRecord, ack_ids: Any) -> list[DeliveryRef]:
+        # Ack ids of another subscription (or of an earlier incarnation of this one) are ignored.
+        return [(d.message_id, d.delivery_attempt, d.message_version) for _, d in self._decoded(ack_ids) if d.sub_uid == rec.sub_uid]
+
+    def _results(self, rec: SubscriptionRecord, ack_ids: Sequence[str], seconds: int | None) -> dict[str, AcknowledgeStatus]:
         """Ack (`seconds` None) or change the deadline of `ack_ids`, reading the rows first, and
         return each ack id's status: SUCCESS only when this call applied it (exactly-once)."""
-        rec = self._sub(subscription)
-        if isinstance(ack_ids, str) or not isinstance(ack_ids, Iterable):
-            raise InvalidArgument("ack_ids", "must be a list of ack ids")
-        ack_ids = list(ack_ids)
-        decoded = [ackid.decode(a, f"ack_ids[{i}]") for i, a in enumerate(ack_ids)]
-        if not decoded:
-            raise InvalidArgument("ack_ids", "at least one ack id is required")
-        mine = [(a, (d.message_id, d.delivery_attempt, d.message_version)) for a, d in zip(ack_ids, decoded) if d.sub_uid == rec.sub_uid]
-        out = {a: AcknowledgeStatus.INVALID_ACK_ID for a in ack_ids}  # another subscription's: never applies
+        decoded = self._decoded(ack_ids)
+        mine = [(a, (d.message_id, d.delivery_attempt, d.message_version)) for a, d in decoded if d.sub_uid == rec.sub_uid]
+        out = {a: AcknowledgeStatus.INVALID_ACK_ID for a, _ in decoded}  # another subscription's: never applies
         if mine:
-            items = [pair for _, pair in mine]
+            items = [ref for _, ref in mine]
             if seconds is None:
                 found = delivery.acknowledge_results(self._engine, rec, items)
             else:
@@ -450,9 +451,6 @@ class SubscriberClient(ClientBase):
                 out[a] = AcknowledgeStatus.SUCCESS if r.result is Result.SUCCESS else AcknowledgeStatus.INVALID_ACK_ID
         self._used(rec)
         return out
-
-    def _exactly_once(self, subscription: str) -> bool:
-        return self._sub(subscription).enable_exactly_once_delivery
 
     @staticmethod
     def _raise_failed(results: Mapping[str, AcknowledgeStatus], what: str) -> None:
@@ -465,14 +463,12 @@ class SubscriberClient(ClientBase):
                 failed,
             )
 
-    def _acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> int:
-        rec = self._sub(subscription)
+    def _acknowledge(self, rec: SubscriptionRecord, ack_ids: Sequence[str]) -> int:
         done = delivery.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
         self._used(rec)
         return done
 
-    def _modify_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> int:
-        rec = self._sub(subscription)
+    def _modify_deadline(self, rec: SubscriptionRecord, ack_ids: Sequence[str], seconds: int) -> int:
         done = delivery.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
         self._used(rec)
         return done
@@ -485,10 +481,11 @@ class SubscriberClient(ClientBase):
         f = fields("acknowledge", request, {"subscription", "ack_ids"}, subscription=subscription, ack_ids=ack_ids)
         name = required(f, "subscription", "acknowledge")
         ids = required(f, "ack_ids", "acknowledge")
-        if self._exactly_once(name):
-            self._raise_failed(self._results(name, ids, None), "acknowledge")
+        rec = self._sub(name)  # read once: its exactly-once setting decides the path
+        if rec.enable_exactly_once_delivery:
+            self._raise_failed(self._results(rec, ids, None), "acknowledge")
             return
-        self._acknowledge(name, ids)
+        self._acknowledge(rec, ids)
 
     @refused_when_closed
     def modify_ack_deadline(
@@ -509,10 +506,11 @@ class SubscriberClient(ClientBase):
         if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_ACK_DEADLINE:
             raise InvalidArgument("ack_deadline_seconds", f"must be an integer 0..{MAX_ACK_DEADLINE}, got {seconds!r}")
         ids = required(f, "ack_ids", "modify_ack_deadline")
-        if self._exactly_once(name):  # as acknowledge: failed ids raise AcknowledgeError
-            self._raise_failed(self._results(name, ids, seconds), "modify_ack_deadline")
+        rec = self._sub(name)
+        if rec.enable_exactly_once_delivery:  # as acknowledge: failed ids raise AcknowledgeError
+            self._raise_failed(self._results(rec, ids, seconds), "modify_ack_deadline")
             return
-        self._modify_deadline(name, ids, seconds)
+        self._modify_deadline(rec, ids, seconds)
 
     # -- backlog ---------------------------------------------------------------------
     @refused_when_closed
@@ -610,28 +608,35 @@ class _ClientLeaseOps:
         self._watch: tuple[LogWatcher, list[str]] | None = None
         self._seen: dict[str, int] = {}
         self._started = 0.0  # monotonic start of the last pull
+        # The subscription's exactly-once setting as the last pull read it (each pull reads the
+        # record anyway): the leaser and the sender ask it often, a registry read each.
+        self._exactly_once: bool | None = None
 
     def pull(self, max_messages: int, lease_seconds: int) -> list[ReceivedMessage]:
         if self._watch is None:
             self._watch = self._client._log_watch()
         self._seen = self._watch[0].current(self._watch[1])
         self._started = time.monotonic()
-        return self._client._pull_received(self._subscription, max_messages, lease_seconds)
+        rec = self._client._sub(self._subscription)
+        self._exactly_once = rec.enable_exactly_once_delivery
+        return self._client._pull_record(rec, max_messages, lease_seconds)
 
     def acknowledge(self, ack_ids: Sequence[str]) -> None:
-        self._client._acknowledge(self._subscription, ack_ids)
+        self._client._acknowledge(self._client._sub(self._subscription), ack_ids)
 
     def modify_deadline(self, ack_ids: Sequence[str], seconds: int) -> None:
-        self._client._modify_deadline(self._subscription, ack_ids, seconds)
+        self._client._modify_deadline(self._client._sub(self._subscription), ack_ids, seconds)
 
     def acknowledge_results(self, ack_ids: Sequence[str]) -> dict[str, AcknowledgeStatus]:
-        return self._client._results(self._subscription, ack_ids, None)
+        return self._client._results(self._client._sub(self._subscription), ack_ids, None)
 
     def modify_deadline_results(self, ack_ids: Sequence[str], seconds: int) -> dict[str, AcknowledgeStatus]:
-        return self._client._results(self._subscription, ack_ids, seconds)
+        return self._client._results(self._client._sub(self._subscription), ack_ids, seconds)
 
     def exactly_once(self) -> bool:
-        return self._client._exactly_once(self._subscription)
+        if self._exactly_once is None:  # before the first pull
+            self._exactly_once = self._client._sub(self._subscription).enable_exactly_once_delivery
+        return self._exactly_once
 
     def wait_for_change(self, timeout: float, cancel: threading.Event) -> None:
         if self._watch is None:
