@@ -20,7 +20,7 @@ from typing import NamedTuple
 from .errors import InvalidArgument
 
 
-_ACK_ID = re.compile(r"^([A-Za-z0-9_\-]+)\.([0-9]{1,40})\.([0-9]{1,10})(?:\.(-?[0-9]{1,20}))?$")
+_ACK_ID = re.compile(r"^([A-Za-z0-9_\-]+)\.([0-9]{1,40})\.([0-9]{1,10})(?:\.(-?[0-9]{1,20}))?\Z")  # \Z: no final newline
 MAX_ATTEMPT = 2**31 - 1
 
 

@@ -8,9 +8,10 @@ from typing import NamedTuple
 from .errors import InvalidArgument
 
 # Pub/Sub's rule for topic and subscription ids.
-_RESOURCE_ID = re.compile(r"^(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}$")
+# \Z, not $: `$` also matches before a final newline, so "abc\n" passed (issue 16's fuzzing).
+_RESOURCE_ID = re.compile(r"^(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}\Z")
 # Looser than Google's 6..30 lower-case rule, so that short local projects ("local") work.
-_PROJECT_ID = re.compile(r"^[A-Za-z][A-Za-z0-9\-_.]{0,62}$")
+_PROJECT_ID = re.compile(r"^[A-Za-z][A-Za-z0-9\-_.]{0,62}\Z")
 
 ID_RULE = "must match ^(?!goog)[A-Za-z][A-Za-z0-9\\-_.~+%]{2,254}$ (3..255 chars, start with a letter, not 'goog')"
 PROJECT_RULE = "must match ^[A-Za-z][A-Za-z0-9\\-_.]{0,62}$"

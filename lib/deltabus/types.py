@@ -39,9 +39,10 @@ MIN_ACK_DEADLINE = 10
 MAX_ACK_DEADLINE = 600
 DEFAULT_ACK_DEADLINE = 10
 
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_\-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_\-]{0,63}$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
+# \Z, not $: `$` also matches before a final newline ("team\n" passed; issue 16's fuzzing).
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_\-]{0,62}\Z")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_\-]{0,63}\Z")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\Z")
 
 
 @dataclass(frozen=True, slots=True)
