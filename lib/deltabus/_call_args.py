@@ -23,7 +23,7 @@ def fields(method: str, request: Mapping[str, Any] | None, allowed: set[str], **
         raise InvalidArgument("request", f"{method}: must be a dict, got {type(request).__name__}")
     unknown = set(request) - allowed
     if unknown:
-        raise InvalidArgument("request", f"{method}: unknown fields {sorted(unknown)}; known: {sorted(allowed)}")
+        raise InvalidArgument("request", f"{method}: unknown fields {sorted(unknown, key=str)}; known: {sorted(allowed)}")
     return dict(request)
 
 

@@ -174,16 +174,18 @@ class PushConfig:
         known = {"push_endpoint", "attributes", "oidc_token", "no_wrapper"}
         unknown = set(value) - known
         if unknown:
-            raise InvalidArgument("push_config", f"unknown fields {sorted(unknown)}; known: {sorted(known)}")
+            raise InvalidArgument("push_config", f"unknown fields {sorted(unknown, key=str)}; known: {sorted(known)}")
         oidc = value.get("oidc_token")
         if isinstance(oidc, Mapping):
             oidc = OidcToken(**_only(oidc, {"service_account_email", "audience"}, "push_config.oidc_token"))
         nowrap = value.get("no_wrapper")
         if isinstance(nowrap, Mapping):
             nowrap = NoWrapper(**_only(nowrap, {"write_metadata"}, "push_config.no_wrapper"))
+        attributes = value.get("attributes") or {}
         return cls(
             push_endpoint=value.get("push_endpoint", "") or "",
-            attributes=dict(value.get("attributes") or {}),
+            # Copied when a mapping; anything else is __post_init__'s InvalidArgument (dict("ab") raised ValueError).
+            attributes=dict(attributes) if isinstance(attributes, Mapping) else attributes,
             oidc_token=oidc,
             no_wrapper=nowrap,
         )
@@ -192,7 +194,7 @@ class PushConfig:
 def _only(value: Mapping[str, Any], known: set[str], field_name: str) -> dict[str, Any]:
     unknown = set(value) - known
     if unknown:
-        raise InvalidArgument(field_name, f"unknown fields {sorted(unknown)}; known: {sorted(known)}")
+        raise InvalidArgument(field_name, f"unknown fields {sorted(unknown, key=str)}; known: {sorted(known)}")
     return dict(value)
 
 
@@ -256,7 +258,7 @@ def duration_seconds(value: object, field_name: str) -> float:
         parts = dict(value) if isinstance(value, Mapping) else {"seconds": getattr(value, "seconds"), "nanos": getattr(value, "nanos")}
         unknown = set(parts) - {"seconds", "nanos"}
         if unknown:
-            raise InvalidArgument(field_name, f"a duration has seconds and nanos, got unknown fields {sorted(unknown)}")
+            raise InvalidArgument(field_name, f"a duration has seconds and nanos, got unknown fields {sorted(unknown, key=str)}")
         whole, nanos = parts.get("seconds", 0) or 0, parts.get("nanos", 0) or 0
         if isinstance(whole, bool) or not isinstance(whole, int) or isinstance(nanos, bool) or not isinstance(nanos, int):
             raise InvalidArgument(field_name, f"a duration's seconds and nanos are integers, got {value!r}")
@@ -523,7 +525,7 @@ class Subscription:
         known = {f.name for f in fields(cls)}
         unknown = set(value) - known
         if unknown:
-            raise InvalidArgument("subscription", f"unknown fields {sorted(unknown)}; known: {sorted(known)}")
+            raise InvalidArgument("subscription", f"unknown fields {sorted(unknown, key=str)}; known: {sorted(known)}")
         data = dict(value)
         if "push_config" in data:
             data["push_config"] = PushConfig.coerce(data["push_config"])

@@ -286,7 +286,7 @@ class PublisherClient(ClientBase):
             elif isinstance(m, Mapping):
                 unknown = set(m) - {"data", "attributes", "ordering_key"}
                 if unknown:
-                    raise InvalidArgument(f"messages[{i}]", f"unknown fields {sorted(unknown)}")
+                    raise InvalidArgument(f"messages[{i}]", f"unknown fields {sorted(unknown, key=str)}")
                 data, attributes, okey = m.get("data", b""), m.get("attributes") or {}, m.get("ordering_key", "")
             else:
                 raise InvalidArgument(f"messages[{i}]", f"must be a PubsubMessage or a dict, got {type(m).__name__}")
