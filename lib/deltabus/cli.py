@@ -111,15 +111,16 @@ def _seek_time(text: str, now: float) -> float:
     from .subscription_fields import parse_duration
     from .types import timestamp_seconds
 
-    value = text.strip()
-    if value.startswith("-"):
+    stripped = text.strip()
+    value: str | float = stripped
+    if stripped.startswith("-"):
         try:
-            back = parse_duration(value[1:])
+            back = parse_duration(stripped[1:])
         except argparse.ArgumentTypeError:
             back = math.nan
         if not math.isfinite(back) or back < 0:
             raise InvalidArgument("--time", f"{TIME_RULE}, got {text!r}")
-        return now - back
+        value = now - back  # still a time a timestamp holds (not before year 1): checked below
     try:
         return timestamp_seconds(value, "--time")
     except InvalidArgument:

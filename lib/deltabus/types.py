@@ -244,6 +244,17 @@ def duration_seconds(value: object, field_name: str) -> float:
     seconds: float
     if isinstance(value, bool):
         raise InvalidArgument(field_name, f"must be a duration in seconds, got {value!r}")
+    try:
+        seconds = _duration_float(value, field_name)
+    except OverflowError:  # an int too large for a float (10**400)
+        raise InvalidArgument(field_name, f"must be a finite number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field_name, f"must be a finite number of seconds, got {value!r}")
+    return seconds
+
+
+def _duration_float(value: object, field_name: str) -> float:
+    seconds: float
     if isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, _dt.timedelta):
@@ -267,8 +278,6 @@ def duration_seconds(value: object, field_name: str) -> float:
         raise InvalidArgument(
             field_name, f"must be a duration (seconds, timedelta or {{'seconds': n, 'nanos': m}}), got {type(value).__name__}"
         )
-    if not math.isfinite(seconds):
-        raise InvalidArgument(field_name, f"must be a finite number of seconds, got {value!r}")
     return seconds
 
 
@@ -390,9 +399,30 @@ def timestamp_seconds(value: object, field_name: str) -> float:
     """A point in time as seconds since the epoch, from what a google-cloud-pubsub user may
     pass: a ``datetime`` (naive ones are UTC, as proto-plus reads them), a number of seconds,
     an RFC 3339 string (``"2026-11-26T12:00:00Z"``), or a protobuf ``Timestamp`` (``seconds``
-    and ``nanos``, an object or a dict). Raises InvalidArgument naming ``field_name``."""
+    and ``nanos``, an object or a dict). Raises InvalidArgument naming ``field_name``.
+
+    The time must lie in 0001-01-01T00:00:00Z..9999-12-31T23:59:59Z (a protobuf Timestamp's
+    range): a finite time outside it (1e300) has no datetime or Arrow timestamp, and a seek
+    to it raised OverflowError (issue 16's fuzzing)."""
     if isinstance(value, bool):
         raise InvalidArgument(field_name, f"must be a time, got {value!r}")
+    try:
+        seconds = _timestamp_float(value, field_name)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field_name, f"must be a finite time, got {value!r}")
+    if not MIN_TIME <= seconds <= MAX_TIME:
+        raise InvalidArgument(field_name, f"must be a time from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z, got {value!r}")
+    return seconds
+
+
+MIN_TIME = -62_135_596_800.0  # 0001-01-01T00:00:00Z
+MAX_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z
+
+
+def _timestamp_float(value: object, field_name: str) -> float:
+    seconds: float
     if isinstance(value, _dt.datetime):
         when = value if value.tzinfo is not None else value.replace(tzinfo=_dt.timezone.utc)
         return when.timestamp()
@@ -404,7 +434,7 @@ def timestamp_seconds(value: object, field_name: str) -> float:
             parsed = _dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
         except ValueError:
             raise InvalidArgument(field_name, f"must be an RFC 3339 time such as 2026-11-26T12:00:00Z, got {value!r}") from None
-        return timestamp_seconds(parsed, field_name)
+        return _timestamp_float(parsed, field_name)
     elif isinstance(value, Mapping) or (hasattr(value, "seconds") and hasattr(value, "nanos")):
         parts = dict(value) if isinstance(value, Mapping) else {"seconds": getattr(value, "seconds"), "nanos": getattr(value, "nanos")}
         whole, nanos = parts.get("seconds", 0) or 0, parts.get("nanos", 0) or 0
@@ -413,8 +443,6 @@ def timestamp_seconds(value: object, field_name: str) -> float:
         seconds = whole + nanos / 1e9
     else:
         raise InvalidArgument(field_name, f"must be a datetime, seconds since the epoch or an RFC 3339 string, got {type(value).__name__}")
-    if not math.isfinite(seconds):
-        raise InvalidArgument(field_name, f"must be a finite time, got {value!r}")
     return seconds
 
 
