@@ -2,6 +2,11 @@
 
 Each request's timeout is its subscription's ack deadline; no answer in time is a nack.
 Nothing here logs a token or a payload.
+
+An endpoint is not trusted with more than its own answer: a redirect is not followed (its
+status is the nack; the payload and token go nowhere else), at most ``MAX_BODY`` bytes of a
+body are read (a longer one is dropped with its connection, not held in memory), and the
+session keeps no cookies (``push_session``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,10 @@ OUTCOME_SCHEMA = pa.schema(
 # Concurrent requests per subscription in one push worker. Loopback aiohttp peaks at 32..100 in flight; the
 # push window decides how many are outstanding overall, this only paces the sockets.
 MAX_CONCURRENCY = 64
+
+# The most of an answer's body a push reads (Pub/Sub ignores it): an ordinary answer is read to its
+# end, so its connection is reused; a longer body is left unread and its connection closed.
+MAX_BODY = 64 * 1024
 
 
 class Request(NamedTuple):
@@ -136,7 +145,7 @@ def error_class(exc: BaseException) -> str:
         return "invalid url"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "disconnected"
-    if isinstance(exc, aiohttp.ClientPayloadError):
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):  # not HTTP, or too big a head
         return "bad response"
     code = getattr(exc, "errno", None)
     if code is None and isinstance(getattr(exc, "os_error", None), OSError):
@@ -160,15 +169,25 @@ async def send(session: aiohttp.ClientSession, req: Request) -> tuple[int, PushO
     # A ClientTimeout per push, no module-level cache of them: building one was measured at
     # ~1.5 us, nothing beside an HTTP round trip.
     try:
-        async with session.post(req.endpoint, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=req.timeout_seconds)) as resp:
-            await resp.read()
+        async with session.post(
+            req.endpoint, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=req.timeout_seconds), allow_redirects=False
+        ) as resp:
             status = resp.status
+            left = MAX_BODY  # read within the timeout: a body dripping past the deadline is a timeout
+            while left > 0 and (chunk := await resp.content.read(left)):
+                left -= len(chunk)
         return status, (ACK if status in ACK_STATUSES else NACK), time.monotonic() - started, ""
     except asyncio.TimeoutError:
         return 0, TIMEOUT, time.monotonic() - started, ""
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         log.debug("push to %s for %s failed: %s", req.subscription, req.message_id, type(exc).__name__)
         return 0, ERROR, time.monotonic() - started, error_class(exc)
+
+
+def push_session(connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
+    """The session pushes go out on: bodies as sent (no decompression) and no cookie jar, so an
+    endpoint's Set-Cookie neither grows a worker's memory nor rides on other subscriptions' pushes."""
+    return aiohttp.ClientSession(connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
 
 
 async def send_all(rows: Sequence[Mapping[str, Any]], concurrency: int = MAX_CONCURRENCY) -> list[tuple[int, PushOutcome, float, str]]:
@@ -179,7 +198,7 @@ async def send_all(rows: Sequence[Mapping[str, Any]], concurrency: int = MAX_CON
     results: list[tuple[int, PushOutcome, float, str]] = [(0, ERROR, 0.0, "error")] * len(reqs)
     todo = iter(range(len(reqs)))
     connector = aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+    async with push_session(connector) as session:
 
         async def worker() -> None:
             for i in todo:

@@ -37,7 +37,7 @@ import pyarrow as pa
 from ..errors import InvalidArgument
 from .outcome import ERROR, EXPIRED, PushOutcome
 from .pool_tls import CertPin
-from .sender import MAX_CONCURRENCY, Request, requests_of, send
+from .sender import MAX_CONCURRENCY, Request, push_session, requests_of, send
 from .wire import AUTH_HEADER, PENDING_HEADER, RESULT_SCHEMA, WORK_SCHEMA, WORKER_HEADER, from_ipc, to_ipc
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class Worker:
         """Work until stopped or orphaned; the number of pushes made."""
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         control = aiohttp.TCPConnector(ssl=self._control_ssl if self._control_ssl is not None else True)
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as self._session, aiohttp.ClientSession(
+        async with push_session(connector) as self._session, aiohttp.ClientSession(
             connector=control, timeout=aiohttp.ClientTimeout(total=60)
         ) as self._control:
             fetch = asyncio.create_task(self._fetch_loop())
