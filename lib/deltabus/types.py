@@ -613,8 +613,9 @@ class BatchSettings:
             raise InvalidArgument("batch_settings.max_bytes", f"must be an integer >= 1, got {self.max_bytes!r}")
         if isinstance(self.max_messages, bool) or not isinstance(self.max_messages, int) or not 1 <= self.max_messages <= 100_000:
             raise InvalidArgument("batch_settings.max_messages", f"must be an integer 1..100000, got {self.max_messages!r}")
-        if not isinstance(self.max_latency, (int, float)) or self.max_latency < 0:
-            raise InvalidArgument("batch_settings.max_latency", f"must be a number of seconds >= 0, got {self.max_latency!r}")
+        # Finite: inf made the batcher's wait raise OverflowError, nan made no batch ever due (both hung publishes).
+        if isinstance(self.max_latency, bool) or not isinstance(self.max_latency, (int, float)) or not 0 <= self.max_latency < math.inf:
+            raise InvalidArgument("batch_settings.max_latency", f"must be a finite number of seconds >= 0, got {self.max_latency!r}")
 
 
 @dataclass(frozen=True, slots=True)
