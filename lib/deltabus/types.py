@@ -6,7 +6,7 @@ import datetime as _dt
 import math
 import re
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence, TypeVar
 
 from . import names
 from .errors import InvalidArgument
@@ -616,6 +616,21 @@ class BatchSettings:
         # Finite: inf made the batcher's wait raise OverflowError, nan made no batch ever due (both hung publishes).
         if isinstance(self.max_latency, bool) or not isinstance(self.max_latency, (int, float)) or not 0 <= self.max_latency < math.inf:
             raise InvalidArgument("batch_settings.max_latency", f"must be a finite number of seconds >= 0, got {self.max_latency!r}")
+
+
+_Settings = TypeVar("_Settings")
+
+
+def settings_from_sequence(cls: type[_Settings], value: object, field_name: str) -> _Settings:
+    """``cls(*value)``: google-cloud-pubsub takes a settings type (FlowControl,
+    PublisherOptions) or a tuple of its fields. InvalidArgument naming ``field_name`` when
+    `value` is no sequence of at most that many fields (``FlowControl(*5)`` raised TypeError)."""
+    n = len(fields(cls))  # type: ignore[arg-type]  # a dataclass type, which mypy cannot see through the TypeVar
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or len(value) > n:
+        raise InvalidArgument(
+            field_name, f"must be a deltabus.types.{cls.__name__} or a sequence of at most {n} of its fields, got {type(value).__name__}"
+        )
+    return cls(*value)
 
 
 @dataclass(frozen=True, slots=True)

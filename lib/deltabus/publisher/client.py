@@ -22,6 +22,7 @@ from ..types import (
     PublisherOptions,
     PubsubMessage,
     Topic,
+    settings_from_sequence,
     validate_labels,
     validate_topic_retention,
 )
@@ -64,9 +65,7 @@ class PublisherClient(ClientBase):
         if not isinstance(batch_settings, BatchSettings):
             raise InvalidArgument("batch_settings", "must be a deltabus.types.BatchSettings")
         if not isinstance(publisher_options, PublisherOptions):  # a tuple, as google-cloud-pubsub takes
-            if isinstance(publisher_options, (str, bytes)) or not isinstance(publisher_options, Sequence):
-                raise InvalidArgument("publisher_options", "must be a deltabus.types.PublisherOptions")
-            publisher_options = PublisherOptions(*publisher_options)
+            publisher_options = settings_from_sequence(PublisherOptions, publisher_options, "publisher_options")
         self._closed = False
         super().__init__(warehouse, create_warehouse=create_warehouse, **kwargs)
         self.batch_settings = batch_settings

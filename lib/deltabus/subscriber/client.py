@@ -36,6 +36,7 @@ from ..types import (
     SeekResponse,
     Snapshot,
     Subscription,
+    settings_from_sequence,
     timestamp_seconds,
     validate_labels,
 )
@@ -559,7 +560,7 @@ class SubscriberClient(ClientBase):
         if not callable(callback):
             raise InvalidArgument("callback", "must be callable")
         if not isinstance(flow_control, FlowControl):
-            flow_control = FlowControl(*flow_control)
+            flow_control = settings_from_sequence(FlowControl, flow_control, "flow_control")
         rec = self._sub(name)
         if rec.detached:
             raise SubscriptionDetached(name)
