@@ -430,3 +430,19 @@ def test_seek_times_are_times_or_refused_naming_the_flag(text: str) -> None:
     if at is not None:
         dt.datetime.fromtimestamp(at, dt.timezone.utc)
 
+
+
+# -- client settings -------------------------------------------------------------------------------
+numbers = st.one_of(st.integers(-5, 10**9), st.floats(), junk)
+
+
+@FUZZ
+@given(st.fixed_dictionaries({}, optional={"max_bytes": numbers, "max_latency": numbers, "max_messages": numbers}))
+@example({"max_latency": math.inf})  # the batcher's Condition.wait(inf) raised OverflowError in its thread: publishes hung
+@example({"max_latency": math.nan})  # never due: the batcher spun without sending
+def test_batch_settings_are_kept_or_refused_by_field(values: dict[str, Any]) -> None:
+    from deltabus.types import BatchSettings
+
+    got = refused_naming("batch_settings", BatchSettings, **values)
+    if got is not None:
+        assert math.isfinite(got.max_latency) and got.max_latency >= 0 and got.max_bytes >= 1 and 1 <= got.max_messages <= 100_000
