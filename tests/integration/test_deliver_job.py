@@ -16,8 +16,12 @@ from deltabus import SubscriberClient
 from tests.background import in_warehouse, start_selected
 from tests.conftest import ROOT
 from tests.endpoints import Behaviour, Endpoint
+from tests.leaks import Secrets
 
 pytestmark = pytest.mark.spark
+
+EMAIL = "pusher@local.iam.gserviceaccount.com"
+SECRET_ATTR = "SECRET-ATTR-deliver-job"
 
 
 def start_job(warehouse, *args, log_path):
@@ -40,10 +44,12 @@ def sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_path):
     sub = SubscriberClient(warehouse=warehouse, allow_http=True)
     with Endpoint(Behaviour(lambda r, n: (200, 0.02))) as ep:
         s = sub.subscription_path("local", "crashy")
-        sub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
+        # With OIDC tokens and recognisable payloads: the job's log must show none of them (below).
+        sub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url, "oidc_token": {"service_account_email": EMAIL}})
         published = []
         for start in range(0, 4000, 1000):
-            published += pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(start, start + 1000)])
+            published += pub.publish_batch(topic, [{"data": f"SECRET-PAYLOAD-{i}".encode(), "attributes": {"secret": SECRET_ATTR}}
+                                                   for i in range(start, start + 1000)])
         log_path = tmp_path / "deliver.log"
         job = start_job(warehouse, log_path=log_path)
         try:
@@ -68,6 +74,16 @@ def sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_path):
         # The summary counts this run, not the counters restored from the first run's backlog.
         summary = re.findall(r"^deliver: nothing left to deliver or retry; delivered (\d+), acked (\d+)", log_path.read_text(), re.M)
         assert summary and int(summary[-1][1]) == len(ep.snapshot()) - pushes_before
+        # No secret in the log of both runs (stdout and stderr): the key, the tokens, payloads.
+        secrets = Secrets()
+        secrets.add_key_file(f"{warehouse}/_keys/signing-key.pem")
+        tokens = {r.headers["Authorization"].removeprefix("Bearer ") for r in ep.snapshot()}
+        assert tokens and all(t.startswith("eyJ") for t in tokens)
+        for i, token in enumerate(sorted(tokens)):
+            secrets.add_token(f"token {i}", token)
+        secrets.add_payload("every payload's first 15 bytes", b"SECRET-PAYLOAD-")  # whole base64 groups: a prefix of each payload's
+        secrets.add("the secret attribute value", SECRET_ATTR)
+        assert not secrets.found(log_path.read_text())
 
 
 def spark_submit_ships_the_library_and_settings(_tmp):
