@@ -319,6 +319,13 @@ class RetryPolicy:
         if not isinstance(value, Mapping):
             raise InvalidArgument(field_name, f"must be a RetryPolicy, a dict or None, got {type(value).__name__}")
         given = {k: v for k, v in _only(value, {"minimum_backoff", "maximum_backoff"}, field_name).items() if v is not None}
+        if "minimum_backoff" not in given and "maximum_backoff" in given:
+            # Only the maximum was given: an error must name it, not the minimum its caller never set.
+            path = f"{field_name}.maximum_backoff"
+            maximum = duration_seconds(given["maximum_backoff"], path)
+            if MIN_BACKOFF <= maximum < DEFAULT_MINIMUM_BACKOFF:
+                raise InvalidArgument(path, f"must not be below the minimum backoff ({_show(DEFAULT_MINIMUM_BACKOFF)} s, its default "
+                                            f"when it is not given), got {_show(maximum)}")
         return cls(**given)
 
 

@@ -273,7 +273,12 @@ def test_times_are_seconds_or_refused_by_field(value: Any) -> None:
 @FUZZ
 @given(st.one_of(junk, st.fixed_dictionaries({}, optional={"minimum_backoff": durations, "maximum_backoff": durations, "x": junk})))
 @example({"minimum_backoff": 10**400})
+@example({"maximum_backoff": 5})  # the error named minimum_backoff, which was not given
 def test_retry_policies_are_coerced_or_refused_by_field(value: Any) -> None:
+    try:
+        RetryPolicy.coerce(value)
+    except InvalidArgument as exc:  # names a field that was given (or the policy itself)
+        assert exc.field == "retry_policy" or exc.field.removeprefix("retry_policy.") in value, (exc.field, value)
     got = refused_naming("retry_policy", RetryPolicy.coerce, value)
     if got is not None:
         assert 0 <= got.minimum_backoff <= got.maximum_backoff <= 600

@@ -45,7 +45,9 @@ def test_retry_policy_accepts_pubsub_shapes_and_normalises_to_seconds(given, exp
     [
         ({"minimum_backoff": 900}, "retry_policy.minimum_backoff", "must be 0..600 seconds, got 900"),
         ({"maximum_backoff": -1}, "retry_policy.maximum_backoff", "must be 0..600 seconds, got -1"),
-        ({"maximum_backoff": 5}, "retry_policy.minimum_backoff", "must not exceed maximum_backoff (5), got 10"),
+        # Only the maximum given: the error names it, not the minimum left at its default (issue 16).
+        ({"maximum_backoff": 5}, "retry_policy.maximum_backoff", "must not be below the minimum backoff (10 s, its default"),
+        ({"minimum_backoff": 20, "maximum_backoff": 5}, "retry_policy.minimum_backoff", "must not exceed maximum_backoff (5), got 20"),
         ({"minimum_backoff": True}, "retry_policy.minimum_backoff", "must be a duration"),
         ({"minimum_backoff": "ten"}, "retry_policy.minimum_backoff", "must be a duration"),
         ({"minimum_backoff": float("nan")}, "retry_policy.minimum_backoff", "finite"),
