@@ -829,6 +829,20 @@ def _resolve_globals(args: argparse.Namespace, environ: Mapping[str, str] | None
         args.project_source = "$DELTABUS_PROJECT" if env_project else "--project"
 
 
+def _trailing_data(extra: list[str]) -> list[str] | None:
+    """`publish`'s DATA that argparse left over after an option, or None when `extra` holds an
+    unknown option. Everything after a ``--`` is data, even when it starts with '-'
+    (`publish T --attribute k=v -- -1`; argparse leaves the ``--`` in `extra`, so that was
+    refused as an unrecognized argument)."""
+    head, tail = extra, []
+    if "--" in extra:
+        cut = extra.index("--")
+        head, tail = extra[:cut], extra[cut + 1 :]
+    if any(a.startswith("-") for a in head):
+        return None
+    return head + tail
+
+
 def _fail(message: str) -> int:
     print(f"deltabus: error: {' '.join(message.split())}", file=sys.stderr)
     return 1
@@ -838,8 +852,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, environ: Mapp
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra and getattr(args, "func", None) is cmd_publish and not any(a.startswith("-") for a in extra):
-            args.data += extra  # DATA after an option: `publish T --attribute k=v hello` (argparse stops at the option)
+        trailing = _trailing_data(extra) if extra and getattr(args, "func", None) is cmd_publish else None
+        if trailing is not None:
+            args.data += trailing  # DATA after an option: `publish T --attribute k=v hello` (argparse stops at the option)
         elif extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except UsageError as exc:
