@@ -59,6 +59,12 @@ class SubscriptionDetached(FailedPrecondition):
         super().__init__(f"{name} is detached from its topic: it delivers nothing and takes no acks")
 
 
+class ClockUncertain(FailedPrecondition):
+    """A lease was refused: this process knows the storage's time less well than its clock
+    policy's ``max_uncertainty`` (``policy.clock_skew``), so others might judge the lease
+    wrongly. Nothing was written; the call may be retried."""
+
+
 class Aborted(DeltabusError):
     """A commit kept conflicting with concurrent writers and was given up.
 
