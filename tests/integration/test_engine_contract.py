@@ -8,6 +8,7 @@ no jars skips the delta-spark half, with conftest's reason (``requires_delta``).
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from deltalake import DeltaTable
 from deltabus import PublisherClient, SubscriberClient
 from deltabus.storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, open_engine
 from deltabus.storage.arrow import read_table
+from deltabus.storage.clock import StorageClock
 from deltabus.storage.tables import ALL, DELIVERIES, TS
 from tests.conftest import requires_delta
 
@@ -224,6 +226,21 @@ def test_pull_and_ack_through_the_clients_on_this_engine(engine, warehouse):
     assert read_table(engine.table_uri("messages")).num_rows == len(got)
     pub.stop()
     sub.close()
+
+
+def test_a_storage_clock_on_this_engine_keeps_storage_time(engine):
+    """Issue 16: a clock 30 s ahead, attached to the engine, reads the storage's time within
+    its error bars. delta-rs reports its commits' log stamps; delta-spark reports none (its
+    commits happen in the JVM), so its clock lives on probes of the warehouse folder."""
+    clock = StorageClock(lambda: time.time() + 30)
+    clock.attach(engine)
+    t0 = time.time()
+    earliest, latest = clock(), clock.latest()
+    assert t0 - 0.05 <= earliest <= latest <= time.time() + 0.05
+    seen = clock.describe()["observations"]
+    engine.append(DELIVERIES.name, rows("s-clock", ["m-1"]))
+    assert clock.describe()["observations"] == seen + (1 if engine.name == "delta-rs" else 0)
+    assert clock.probes == 1
 
 
 def test_a_lease_decided_on_an_attempt_that_moved_on_is_not_granted(engine):

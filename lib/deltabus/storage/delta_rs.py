@@ -20,6 +20,7 @@ from ..config import ConcreteEngine
 from ..errors import Aborted
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
+from .clock import CommitObserver, local_folder
 from .maintenance import AutoCompact, LogCleanup, clean_log, compact, file_count
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
@@ -38,11 +39,22 @@ class DeltaRsSnapshot:
 
     appends_on_snapshot = True
 
-    def __init__(self, spec: TableSpec, dt: DeltaTable, uri: str, stats_cache: dict[str, tuple[int, pa.Table]] | None = None) -> None:
+    def __init__(
+        self,
+        spec: TableSpec,
+        dt: DeltaTable,
+        uri: str,
+        stats_cache: dict[str, tuple[int, pa.Table]] | None = None,
+        observers: Sequence[CommitObserver] = (),
+    ) -> None:
         self._spec = spec
         self._dt = dt
         self._uri = uri
         self._stats_cache = stats_cache
+        # Told of each commit made here, with the stamp of the log file it wrote (storage/clock.py).
+        folder = local_folder(uri) if observers else None
+        self._observers = tuple(observers) if folder is not None else ()
+        self._log_dir = os.path.join(folder, "_delta_log") if folder is not None else ""
         self._version = dt.version()
         self._committed = False
         self.written: set[str] = set()  # partition values this snapshot's commit wrote to
@@ -55,6 +67,26 @@ class DeltaRsSnapshot:
     @property
     def version(self) -> int:
         return self._version
+
+    def _observed(self, commit: Callable[[], T]) -> T:
+        """Run `commit` (one commit on this snapshot's handle) and report it to the observers:
+        their clocks just before and just after, and the stamp of the log file it wrote (the
+        handle's version is the new one once delta-rs has committed)."""
+        if not self._observers:
+            return commit()
+        before = [o.local() for o in self._observers]
+        result = commit()
+        after = [o.local() for o in self._observers]
+        try:
+            stamp_ns = os.stat(os.path.join(self._log_dir, f"{self._dt.version():020d}.json")).st_mtime_ns
+        except OSError:  # cleaned already, or not where expected: this commit is not observed
+            return result
+        for o, b, a in zip(self._observers, before, after):
+            try:
+                o.committed(b, a, stamp_ns)
+            except Exception:  # an observer must never fail a commit that happened
+                log.exception("commit observer failed")
+        return result
 
     def _check(self) -> None:
         if self._committed or self._dt.version() != self._version:
@@ -222,7 +254,7 @@ class DeltaRsSnapshot:
             else:  # pragma: no cover - exhaustive
                 raise TypeError(c)
         self._committed = True
-        metrics = merger.execute()
+        metrics = self._observed(merger.execute)
         self._wrote(source)
         return metrics
 
@@ -233,7 +265,7 @@ class DeltaRsSnapshot:
         self._check()
         self._committed = True
         props = CommitProperties(app_transactions=[Transaction(app_txn[0], int(app_txn[1]))]) if app_txn else None
-        write_deltalake(self._dt, data, mode="append", commit_properties=props)
+        self._observed(lambda: write_deltalake(self._dt, data, mode="append", commit_properties=props))
         self._wrote(data)
 
     def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None:
@@ -244,17 +276,17 @@ class DeltaRsSnapshot:
         self._check()
         self._committed = True
         props = CommitProperties(app_transactions=[Transaction(a, int(v)) for a, v in app_txns])
-        write_deltalake(self._dt, self._spec.schema.empty_table(), mode="append", commit_properties=props)
+        self._observed(lambda: write_deltalake(self._dt, self._spec.schema.empty_table(), mode="append", commit_properties=props))
 
     def delete(self, predicate: str) -> None:
         self._check()
         self._committed = True
-        self._dt.delete(predicate)
+        self._observed(lambda: self._dt.delete(predicate))
 
     def overwrite(self, data: pa.Table) -> None:
         self._check()
         self._committed = True
-        write_deltalake(self._dt, data, mode="overwrite")
+        self._observed(lambda: write_deltalake(self._dt, data, mode="overwrite"))
 
     def txn_version(self, app_id: str) -> int | None:
         self._check()
@@ -312,6 +344,14 @@ class DeltaRsEngine:
         self._local = threading.local()
         self._stats_cache: dict[str, tuple[int, pa.Table]] = {}  # table -> (version, add actions)
         self._specs: dict[str, TableSpec] = {**BY_NAME, **{t.name: t for t in extra_tables}}
+        self._observers: list[CommitObserver] = []
+
+    def observe_commits(self, observer: CommitObserver) -> None:
+        """Report every commit this engine makes from now on to `observer` (a ``StorageClock``),
+        with the stamp of the log file it wrote; local warehouses only (an object store's
+        commits are not reported). Adding one observer twice adds it once."""
+        if all(o is not observer for o in self._observers):
+            self._observers = [*self._observers, observer]
 
     def table_uri(self, table: str) -> str:
         return f"{self.warehouse}/{table}"
@@ -385,7 +425,7 @@ class DeltaRsEngine:
         return dt
 
     def snapshot(self, table: str) -> DeltaRsSnapshot:
-        return DeltaRsSnapshot(self._specs[table], self._handle(table), self.table_uri(table), self._stats_cache)
+        return DeltaRsSnapshot(self._specs[table], self._handle(table), self.table_uri(table), self._stats_cache, self._observers)
 
     def version(self, table: str) -> int:
         return self._handle(table).version()

@@ -64,6 +64,8 @@ from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, reco
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable as RsTable
+
+    from .clock import CommitObserver
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
@@ -312,6 +314,11 @@ class DeltaSparkEngine:
 
     def table_uri(self, table: str) -> str:
         return f"{self.warehouse}/{table}"
+
+    def observe_commits(self, observer: "CommitObserver") -> None:
+        """Reports nothing: this engine's commits happen in the JVM, which does not say which
+        log file was its own. A ``StorageClock`` on it keeps storage time by probes alone
+        (storage/clock.py)."""
 
     def ensure_tables(self) -> None:
         """Create the missing tables at the current schema version and migrate older ones, as

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence, TypeVar, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..config import ConcreteEngine
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .clock import CommitObserver
 
 T = TypeVar("T")
 
@@ -171,6 +174,12 @@ class Engine(Protocol):
     def version(self, table: str) -> int: ...
 
     def table_uri(self, table: str) -> str: ...
+
+    def observe_commits(self, observer: "CommitObserver") -> None:
+        """Report this engine's commits to `observer` where the engine can tell their log
+        file's stamp (delta-rs on a file system); an engine that cannot reports nothing
+        (``storage/clock.py``: the clock then probes)."""
+        ...
 
 
 def partition_files(actions: Any, column: str | None, partition: str | None) -> pa.Table:
