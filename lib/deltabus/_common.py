@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Mapping
 
 from . import config
 from .errors import InvalidArgument
+from .policy.clock_skew import ClockSkewPolicy
 from .registry import Registry
 from .storage import Engine, check_warehouse_path, open_engine
+from .storage.clock import StorageClock, resolve_clock
 
 DEFAULT_WAREHOUSE_ENV = config.WAREHOUSE_ENV
 
@@ -39,6 +40,14 @@ class ClientBase:
     of a variable a client does not use cannot break it, and a bad DELTABUS_ENGINE fails
     where e32aae7 failed: on the first open. With the engine "auto" (or "delta-spark") it
     passes this thread's active SparkSession, if any, to ``open_engine``.
+
+    The clock (issue 16). Without ``clock=`` the client keeps the storage's time: a
+    ``StorageClock`` over this host's clock, under ``clock_skew`` (default
+    ``ClockSkewPolicy()``), fed by the engine's commits and probes of the warehouse's
+    folder, so its leases hold against processes whose clocks are off. A given ``clock``
+    is used as it is (a test's clock, a server's StorageClock shared by its clients),
+    unless ``clock_skew`` is given too: then it is the local clock the correction starts
+    from. ``clock_skew=ClockSkewPolicy(correct=False)`` turns the correction off.
     """
 
     def __init__(
@@ -47,16 +56,18 @@ class ClientBase:
         *,
         engine: Engine | None = None,
         storage_options: Mapping[str, str] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
+        clock_skew: ClockSkewPolicy | None = None,
         create_warehouse: bool = False,
         settings: config.ClientSettings | None = None,
     ) -> None:
         self._settings = settings
-        self._clock = clock
+        self._clock = resolve_clock(clock, clock_skew)
         self._open_lock = threading.Lock()
         self._opened: tuple[Engine, Registry] | None = None
         if engine is not None:
-            self._opened = (engine, Registry(engine, clock=clock))
+            self._attach(engine)
+            self._opened = (engine, Registry(engine, clock=self._clock))
             return
         self._warehouse = resolve_warehouse(warehouse, settings)  # a bad path (a file) fails here, at once
         self._storage_options = storage_options
@@ -83,8 +94,13 @@ class ClientBase:
                     self._warehouse, engine=chosen, storage_options=self._storage_options, spark=spark, create=create,
                     engine_field=field,
                 )
+                self._attach(engine)
                 self._opened = (engine, Registry(engine, clock=self._clock))
             return self._opened
+
+    def _attach(self, engine: Engine) -> None:
+        if isinstance(self._clock, StorageClock):
+            self._clock.attach(engine)
 
     @property
     def _engine(self) -> Engine:

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
+from ..storage.clock import deadline
 from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
 from . import dead_letter
@@ -58,7 +59,8 @@ def pull(
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it
                 commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])
             return [], None
-        chosen = select(uid, available, fan.rows, max_messages, to_us(now + lease_seconds), policy, keys)
+        # Granted until the storage's latest possible time (a StorageClock) + the lease: see deadline.
+        chosen = select(uid, available, fan.rows, max_messages, to_us(deadline(clock, now, lease_seconds)), policy, keys)
         parts, txns, key = chosen.parts, fan.txns(uid), None
         if chosen.given_up and dead is not None:  # mark them in this commit (the move's intent)
             parts, txns, key = dead.mark(snap, parts, txns)
@@ -135,7 +137,7 @@ def _new_lease(
     """The lease_expires a deadline change or nack sets (None: the NACKED sentinel); a
     nack's comes from ``outcomes.nack_lease``."""
     if kind is OutcomeKind.DEADLINE:
-        return to_us(clock() + seconds)
+        return to_us(deadline(clock, clock(), seconds))
     return nack_lease(policy, keyed, clock())
 
 

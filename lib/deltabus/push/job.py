@@ -51,7 +51,10 @@ from ..delivery.dead_letter import DeadLetterMover
 from ..delivery.hooks import hooks_for
 from ..activity import ActivityRecorder
 from ..registry import Registry, SubscriptionRecord
+from ..errors import ClockUncertain
+from ..policy.clock_skew import ClockSkewPolicy
 from ..storage import Engine, Snapshot, open_engine
+from ..storage.clock import StorageClock, deadline, resolve_clock
 from ..storage.tables import BACKLOG, DELIVERIES
 from . import plan
 from .auth import TokenSource
@@ -121,15 +124,22 @@ class DeliveryJob:
         settings: Settings,
         *,
         engine: Engine | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
+        clock_skew: ClockSkewPolicy | None = None,
         rand: Callable[[], float] = random.random,
         until_idle: bool = False,
         pacing: CommitPacing = CommitPacing(),
     ) -> None:
+        """`clock`: wall seconds, used as given; without one the job keeps the storage's time
+        (``storage.clock.StorageClock`` under `clock_skew`, default ``ClockSkewPolicy()``), so
+        its leases hold against pullers whose clocks are off."""
         self.spark = spark
         self.settings = settings
         # A mistyped --warehouse is an error, not a new empty warehouse to watch forever.
         self.engine = engine or open_engine(settings.warehouse, engine=settings.engine, spark=spark, create=False)
+        clock = resolve_clock(clock, clock_skew)
+        if isinstance(clock, StorageClock):
+            clock.attach(self.engine)
         self.registry = Registry(self.engine, clock=clock)
         self.activity = ActivityRecorder(self.registry, clock)  # for expiration policies
         self._clock = clock
@@ -251,12 +261,17 @@ class DeliveryJob:
         """Plan and commit the batch's MERGE (run by ``engine.transact``: a conflict reruns it).
         The lease budget goes to the subscriptions in order, each up to its window's room."""
         now = self._clock()
-        remaining = budget
+        try:  # leases run from the storage's latest possible time (storage/clock.py)
+            pad: float | None = deadline(self._clock, now, 0.0) - now
+        except ClockUncertain as exc:
+            log.warning("leasing nothing this batch: %s", exc)
+            pad = None
+        remaining = budget if pad is not None else 0
         plans = []
         for uid, rec in subs.items():
             room = self.book.room(uid, now, remaining)
             remaining -= room
-            lease = rec.ack_deadline_seconds + self.commit_times.allowance(rec.ack_deadline_seconds)
+            lease = rec.ack_deadline_seconds + self.commit_times.allowance(rec.ack_deadline_seconds) + (pad or 0.0)
             plans.append(plan.SubPlan(rec, room, self.book.exclusions(uid, merging), (movers or {}).get(uid), lease))
         return plan.execute(
             self.engine, snap, plans, merging, rows.rows, rows.first, rows.last, now=now,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
@@ -35,7 +34,9 @@ from google.pubsub_v1 import types as pb
 from .. import watch
 from ..publisher.client import PublisherClient
 from ..registry import Registry
+from ..policy.clock_skew import ClockSkewPolicy
 from ..storage import open_engine
+from ..storage.clock import StorageClock, resolve_clock
 from ..subscriber.client import SubscriberClient
 from . import streaming
 from .publisher_service import PublisherService
@@ -163,25 +164,34 @@ class Server:
         self.state.subscriber.close()
 
 
-async def start(settings: ServeSettings, *, clock: Callable[[], float] = time.time) -> Server:
-    """Open the warehouse (delta-rs; created when missing) and start serving."""
+async def start(
+    settings: ServeSettings, *, clock: Callable[[], float] | None = None, clock_skew: ClockSkewPolicy | None = None
+) -> Server:
+    """Open the warehouse (delta-rs; created when missing) and start serving.
+
+    The server keeps one clock for everything it does (``storage.clock.resolve_clock``):
+    without `clock`, the storage's time, so its leases hold against pullers elsewhere
+    whose clocks are off; its clients share it."""
     credentials = _credentials(settings)  # a missing or unreadable PEM file fails before anything opens
     executor = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="deltabus-serve")
     loop = asyncio.get_running_loop()
 
     def open_state() -> ServerState:
         engine = open_engine(settings.warehouse, engine="delta-rs", create=True)
+        kept = resolve_clock(clock, clock_skew)
+        if isinstance(kept, StorageClock):
+            kept.attach(engine)
         watcher = watch.watcher()
         return ServerState(
             settings=settings,
             engine=engine,
-            registry=Registry(engine, clock=clock),
-            publisher=PublisherClient(engine=engine, clock=clock),
-            subscriber=SubscriberClient(engine=engine, clock=clock, allow_http=settings.allow_http),
+            registry=Registry(engine, clock=kept),
+            publisher=PublisherClient(engine=engine, clock=kept),
+            subscriber=SubscriberClient(engine=engine, clock=kept, allow_http=settings.allow_http),
             executor=executor,
             watch_uris=watch_tables(engine, watcher),
             watcher=watcher,
-            clock=clock,
+            clock=kept,
         )
 
     try:
@@ -220,7 +230,7 @@ class ServerThread:
     """A server on its own event loop in a daemon thread: ``ServerThread(settings).start()``,
     then ``.port``, ``.state``; ``stop()`` stops it and waits for the thread."""
 
-    def __init__(self, settings: ServeSettings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: ServeSettings, *, clock: Callable[[], float] | None = None) -> None:
         self.settings = settings
         self._clock = clock
         self._loop = asyncio.new_event_loop()

@@ -84,6 +84,7 @@ from ..errors import FailedPrecondition
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
+from ..storage.clock import deadline
 from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
 from ..types import ReceivedMessage
@@ -185,7 +186,8 @@ def run_round(
             fan = from_change_feed(engine, snap, sub, keep=policy.keep)
             available, keys = read_candidates(snap, uid, now, room, policy, frozenset(winners))
             if available.num_rows or fan.rows.num_rows or keys.ended.num_rows:
-                chosen = select(uid, available, fan.rows, room, to_us(now + max(lease_secs)), policy, keys)
+                start = deadline(clock, now, 0.0)  # the storage's latest possible time now (storage/clock.py)
+                chosen = select(uid, available, fan.rows, room, to_us(start + max(lease_secs)), policy, keys)
                 chosen_parts, chosen_txns = chosen.parts, fan.txns(uid)
                 if chosen.given_up and dead is not None:  # marked in this commit (the move's intent)
                     chosen_parts, chosen_txns, key = dead.mark(snap, chosen_parts, chosen_txns)
@@ -193,7 +195,7 @@ def run_round(
                 order_keys = _keys_of(leases, available, fan.rows) if policy.eligible is not None else [""] * len(leases)
                 assign = split(order_keys, wants)
                 if len(set(lease_secs)) > 1:
-                    ends = {leases[k].message_id: to_us(now + lease_secs[j]) for j, ks in enumerate(assign) for k in ks}
+                    ends = {leases[k].message_id: to_us(start + lease_secs[j]) for j, ks in enumerate(assign) for k in ks}
                     chosen_parts = [_reexpire(p, ends) for p in chosen_parts]
                 lease_parts = chosen_parts
                 txns.extend(chosen_txns)
@@ -202,7 +204,7 @@ def run_round(
         if winners and new_messages_only(snap, lease_parts, txns):  # the leases first, as an append: why below
             commit(snap, lease_parts, [uid], txns)
             return _Decided(now, leases, assign, None, key, outcomes_left=True)
-        parts, applied = _outcome_parts(snap, uid, winners, want, now, policy)
+        parts, applied = _outcome_parts(snap, uid, winners, want, now, policy, clock)
         commit(snap, _merge_cascades(parts + lease_parts), [uid], txns, exact=DECIDED if want else frozenset())
         return _Decided(now, leases, assign, applied, key)
 
@@ -228,7 +230,7 @@ def run_round(
             early({i: answers[i] for i in lease_idx})
 
         def outcomes(snap: Snapshot) -> dict[str, bool] | None:
-            parts, applied = _outcome_parts(snap, uid, winners, want, clock(), policy)
+            parts, applied = _outcome_parts(snap, uid, winners, want, clock(), policy, clock)
             commit(snap, parts, [uid], exact=DECIDED if want else frozenset())
             return applied
 
@@ -266,9 +268,11 @@ def _pairs(outcomes: Sequence[Outcome]) -> pa.Table:
 
 
 def _outcome_parts(
-    snap: Snapshot, uid: str, winners: dict[str, Outcome], want: bool, now: float, policy: DeliveryHooks
+    snap: Snapshot, uid: str, winners: dict[str, Outcome], want: bool, now: float, policy: DeliveryHooks,
+    clock: Callable[[], float],
 ) -> tuple[list[pa.Table], dict[str, bool] | None]:
-    """The round's outcome source rows (one per message) and, when `want`, which applied."""
+    """The round's outcome source rows (one per message) and, when `want`, which applied.
+    `now` was read from `clock`; deadline changes run from ``storage.clock.deadline``."""
     applied: dict[str, bool] | None = {} if want else None
     if not winners:
         return [], applied
@@ -282,7 +286,8 @@ def _outcome_parts(
     if nacks:
         groups.append((OutcomeKind.NACK, nacks, nack_lease(policy, _pairs(nacks), now)))
     if moves:
-        groups.append((OutcomeKind.DEADLINE, moves, pa.array([to_us(now + float(w.seconds or 0)) for w in moves], pa.int64())))
+        start = deadline(clock, now, 0.0)
+        groups.append((OutcomeKind.DEADLINE, moves, pa.array([to_us(start + float(w.seconds or 0)) for w in moves], pa.int64())))
     parts: dict[OutcomeKind, pa.Table] = {}
     for kind, group, lease in groups:
         if current is None:

@@ -9,8 +9,9 @@ UNAVAILABLE), so the code must say what happened:
 - NotFound (a topic, a subscription) -> NOT_FOUND; AlreadyExists -> ALREADY_EXISTS;
 - FailedPrecondition (pull on a push subscription, an unfinished move) -> FAILED_PRECONDITION;
 - Aborted (a commit that kept conflicting; nothing written) -> ABORTED (retryable);
-- a timeout -> DEADLINE_EXCEEDED; Cancelled/ClientClosed (the server is stopping) and storage
-  that cannot be reached (OSError) -> UNAVAILABLE;
+- a timeout -> DEADLINE_EXCEEDED; Cancelled/ClientClosed (the server is stopping), storage
+  that cannot be reached (OSError) and ClockUncertain (a lease refused while the server's
+  storage clock is known too loosely, issue 16) -> UNAVAILABLE;
 - AcknowledgeError with ``failed`` ack ids (exactly-once, issue 15: an Acknowledge or
   ModifyAckDeadline whose other ids applied) -> INVALID_ARGUMENT, as Pub/Sub answers it, with
   the rich status (``details``) the clients read per ack id: a ``google.rpc.Status`` of the
@@ -31,7 +32,7 @@ from typing import NamedTuple
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from ..errors import (AcknowledgeError, AcknowledgeStatus, AlreadyExists, Aborted, Cancelled, FailedPrecondition,
+from ..errors import (AcknowledgeError, AcknowledgeStatus, AlreadyExists, Aborted, Cancelled, ClockUncertain, FailedPrecondition,
                       InvalidArgument, NotFound)
 
 # The trailing metadata key of the rich status (grpc_status.rpc_status's GRPC_DETAILS_METADATA_KEY).
@@ -76,6 +77,8 @@ def status_of(exc: BaseException) -> Status:
         return Status(grpc.StatusCode.NOT_FOUND, f"Resource not found ({exc.kind}={exc.name})")
     if isinstance(exc, AlreadyExists):
         return Status(grpc.StatusCode.ALREADY_EXISTS, f"Resource already exists in the project ({exc.kind}={exc.name})")
+    if isinstance(exc, ClockUncertain):  # the server's storage clock cannot be trusted yet: retryable
+        return Status(grpc.StatusCode.UNAVAILABLE, f"{exc}; retry")
     if isinstance(exc, FailedPrecondition):
         return Status(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, Aborted):
