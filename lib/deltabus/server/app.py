@@ -39,6 +39,7 @@ from ..storage import open_engine
 from ..storage.clock import StorageClock, resolve_clock
 from ..subscriber.client import SubscriberClient
 from . import streaming
+from .calls import request_deserializer
 from .publisher_service import PublisherService
 from .settings import ServeSettings
 from .state import ServerState, watch_tables
@@ -100,7 +101,7 @@ def _deserializer(cls: Any) -> Callable[[bytes], Any]:
 
 def _unary(service: object, m: Method) -> grpc.RpcMethodHandler[Any, Any]:
     return grpc.unary_unary_rpc_method_handler(
-        getattr(service, m.name), request_deserializer=_deserializer(m.request), response_serializer=_serializer(m.response)
+        getattr(service, m.name), request_deserializer=request_deserializer(m.request), response_serializer=_serializer(m.response)
     )
 
 
