@@ -28,7 +28,7 @@ from deltabus.errors import AlreadyExists, InvalidArgument, NotFound
 
 PROJECT = "fz"
 FUZZ = settings(
-    max_examples=40, deadline=None, derandomize=True, database=None,
+    max_examples=25, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
@@ -337,7 +337,7 @@ def _pull_all(world: World, n: int) -> dict[str, types.PubsubMessage]:
     return got
 
 
-@settings(FUZZ, max_examples=30)
+@settings(FUZZ, max_examples=25)
 @given(st.one_of(st.lists(messages, min_size=1, max_size=3), st.lists(messages, max_size=3), junk))
 @example([{"data": b"x" * 10_000_001}])
 @example([{"data": b"ok"}, {"data": "text"}])

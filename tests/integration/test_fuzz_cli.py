@@ -29,7 +29,7 @@ from tests.integration.test_fuzz_api import tree_digest
 
 ENV = {"DELTABUS_ENGINE": "delta-rs", "DELTABUS_PROJECT": "cli"}
 FUZZ = settings(
-    max_examples=30, deadline=None, derandomize=True, database=None,
+    max_examples=20, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 # What an error may start with besides a flag the command line gave: positional names,
@@ -284,7 +284,7 @@ VOCABULARY = ["topics", "subscriptions", "snapshots", "publish", "pull", "seek",
               "https://example.com/p", "", "goog", "--help-me", "--subscription"]
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=25)
 @given(st.lists(st.one_of(st.sampled_from(VOCABULARY), words), min_size=1, max_size=6))
 @example(["topics", "delete"])
 @example(["publish", "any", "--file", "/nonexistent/file.jsonl"])

@@ -40,7 +40,7 @@ from deltabus.types import (
 from deltabus.validation import check_message, check_push_endpoint
 
 FUZZ = settings(
-    max_examples=60, deadline=None, derandomize=True, database=None,
+    max_examples=50, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
