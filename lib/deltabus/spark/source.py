@@ -204,12 +204,16 @@ class SimpleMessagesStreamReader(SimpleDataSourceStreamReader):
 def _ignore_terminal_interrupt() -> None:
     """Spark runs a stream source's reader in a Python process of the driver JVM's own process
     group, so a terminal's Ctrl-C reached it and killed the query before the job could stop
-    in order. The driver stops the query; this process ignores SIGINT (Spark ends it itself)."""
+    in order. The same goes for SIGTERM sent to the whole group, as systemd does by default
+    (KillMode=control-group) and as the chaos suite stops the job: the runner died, the query
+    failed with an EOFException and the job exited with a traceback. The driver stops the
+    query; this process ignores SIGINT and SIGTERM (Spark ends it itself, SIGKILL still does)."""
     import signal
     import threading
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class MessagesSource(DataSource):
