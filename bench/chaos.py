@@ -1,0 +1,566 @@
+"""The chaos suite (issue 16): faults injected again and again, invariants checked from the
+endpoint's and the clients' own records (``chaos_check``), never from deltabus's tables alone.
+
+    ./bench/chaos.sh [--quick] [--only kills,concurrent,skew] [--messages N] [--kills K]
+                     [--processes P] [--seconds S] [--out STEM]
+
+Scenarios (each selectable with --only; each prints one summary line; the run writes JSON
+to bench/results/<date>-chaos[-quick].json, or --out):
+
+- ``kills``: N messages published to a topic with one push subscription per failing-endpoint
+  behaviour (``chaos_endpoint``: healthy, 50% 500s, answers held past the ack deadline, a
+  slow drip of the body, a 2xx with a huge body, connections refused for the first
+  ``refuse_seconds``) and one whose endpoint fails TLS until its push config is changed to a
+  healthy one. ``jobs/deliver.py`` (through ./spark-submit.sh, its own process group) is
+  SIGKILLed K times at random moments (whole group: the JVM, the driver, its Python workers;
+  every fourth kill only one push worker's Python process), restarted each time, then run
+  until the endpoint has acked every message of every subscription. Checked per
+  subscription: 0 lost, 0 acked-then-redelivered without a kill in between, duplicates per
+  kill (bounded by the push window in flight at the kill: at most ``MAX_WINDOW`` per
+  subscription), and at the end the backlog agrees with the deliveries table (0 unacked).
+- ``concurrent``: P processes on one pull subscription for S seconds: library publishers,
+  library pullers (pull + acknowledge, recording each receipt with its call's start and
+  each confirmed ack), library subscribe() clients, and official google-cloud-pubsub
+  subscribe() clients through ``deltabus serve``; a random process is SIGKILLed mid-call
+  every few seconds and restarted. Then a clean puller drains what is left. Checked: 0 lost
+  (every id whose publish returned was received and acked, and the drain found the
+  subscription empty), 0 leases granted twice, 0 acked-then-redelivered, 0 unexpected
+  exceptions (any traceback in a process's or the server's output, a raw CommitFailedError
+  among them).
+- ``skew``: ``chaos_skew.run`` (pullers with wall clocks off by ±``skew`` seconds).
+
+The harness is not a test: tests/integration/test_chaos.py runs each scenario small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (str(ROOT), str(ROOT / "lib")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from bench.chaos_check import Ack, Receipt, check_pulls, check_pushes  # noqa: E402
+from bench.chaos_endpoint import BEHAVIOURS, ChaosEndpoint, EndpointSettings  # noqa: E402
+
+PROJECT = "chaos"
+ACK_DEADLINE = 10  # seconds: Pub/Sub's minimum, so held answers and lapsed leases come back soon
+# The drain waits out leases of killed clients: a subscribe() client extends its leases up
+# to max_duration_per_lease_extension... and Pub/Sub's ack deadline tops out at 600 s.
+DRAIN_TIMEOUT = 900.0
+UNEXPECTED = re.compile(r"Traceback \(most recent call last\)|CommitFailedError")
+
+
+def log(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- the push job ---------------------------------------------------------------------------
+def start_job(warehouse: str, log_path: Path, *, until_idle: bool = False, max_seconds: float | None = None) -> subprocess.Popen[bytes]:
+    """jobs/deliver.py through ./spark-submit.sh, in a process group of its own (so a kill
+    reaches the JVM, the driver and every Python worker)."""
+    args = [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", warehouse, "--allow-http", "--trigger-interval", "0.2",
+            "--engine", "delta-rs"]
+    if until_idle:
+        args.append("--until-idle")
+    if max_seconds is not None:
+        args += ["--max-seconds", str(max_seconds)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _children(root: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every descendant of `root`."""
+    parents: dict[int, int] = {}
+    cmds: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        parents[int(entry)] = int(stat[1])
+        cmds[int(entry)] = cmd
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for c, pp in parents.items():
+            if pp == pid:
+                out.append((c, cmds[c]))
+                todo.append(c)
+    return out
+
+
+def python_workers(job: subprocess.Popen[bytes]) -> list[int]:
+    """The job's Python worker processes (Spark's pyspark.daemon and the workers it forks)."""
+    return [pid for pid, cmd in _children(job.pid) if "pyspark.daemon" in cmd or "pyspark/daemon" in cmd or "pyspark.worker" in cmd]
+
+
+def _sockets_to(port: int) -> set[int]:
+    """Inodes of this host's TCP sockets whose remote end is 127.0.0.1:`port`."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if int(cols[2].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(cols[9]))
+    return inodes
+
+
+def push_workers(job: subprocess.Popen[bytes], job_log: Path) -> list[int]:
+    """The job's push workers: its Python worker processes holding a connection to the
+    driver's push pool (its port is in the job's "push pool at" log line)."""
+    found = re.findall(r"push pool at https?://[^:]+:(\d+)", job_log.read_text(errors="replace"))
+    if not found:
+        return []
+    inodes = _sockets_to(int(found[-1]))
+    out = []
+    for pid in python_workers(job):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in inodes:
+                out.append(pid)
+                break
+    return out
+
+
+def kill_group(job: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    job.wait(60)
+
+
+def stop_group(job: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    """SIGTERM (the job stops cleanly on it), SIGKILL after `timeout` seconds."""
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGTERM)
+        try:
+            job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(job)
+
+
+# -- scenario: job kills under the failing-endpoint mix ---------------------------------------
+@dataclass(frozen=True, slots=True)
+class KillSettings:
+    messages: int
+    kills: int
+    min_gap: float = 4.0  # seconds of pushing between a (re)start's first push and its kill
+    max_gap: float = 15.0
+    refuse_seconds: float = 60.0
+    flaky_odds: float = 0.5  # the flaky endpoint's share of 500s (on a message's first tries)
+    kill_worker_every: int = 4  # every n-th kill takes one push worker's Python process first
+    finish_timeout: float = 1800.0
+    seed: int = 7
+    behaviours: tuple[str, ...] = tuple(BEHAVIOURS) + ("tls",)
+
+    def __post_init__(self) -> None:
+        if self.kill_worker_every < 1:
+            raise ValueError(f"kill_worker_every: must be >= 1, got {self.kill_worker_every}")
+        if self.messages < 1 or self.kills < 0:
+            raise ValueError(f"messages must be >= 1 and kills >= 0, got {self.messages}, {self.kills}")
+        if not 0 < self.min_gap <= self.max_gap:
+            raise ValueError(f"min_gap/max_gap: must be 0 < min_gap <= max_gap, got {self.min_gap}, {self.max_gap}")
+
+
+def _tls_failing_url(port: int) -> str:
+    """An https URL whose TLS handshake fails every time: the endpoint's port speaks plain HTTP."""
+    return f"https://127.0.0.1:{port}/ok"
+
+
+def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
+    from deltabus import PublisherClient, SubscriberClient
+    from deltabus.policy.push_window import MAX_WINDOW
+
+    rng = random.Random(s.seed)
+    wh = str(scratch / "warehouse")
+    pub = PublisherClient(warehouse=wh)
+    sub = SubscriberClient(warehouse=wh, allow_http=True)
+    topic = pub.topic_path(PROJECT, "kills")
+    pub.create_topic(name=topic)
+    job_log = scratch / "deliver.log"
+    with ChaosEndpoint(scratch / "endpoint", EndpointSettings(deadline=ACK_DEADLINE, refuse_seconds=s.refuse_seconds, seed=s.seed,
+                                                                         flaky_odds=s.flaky_odds)) as ep:
+        subs: dict[str, str] = {}
+        for kind in s.behaviours:
+            name = sub.subscription_path(PROJECT, f"push-{kind}")
+            url = _tls_failing_url(ep.port) if kind == "tls" else ep.url(kind)  # type: ignore[arg-type]
+            sub.create_subscription(request={"name": name, "topic": topic, "ack_deadline_seconds": ACK_DEADLINE,
+                                             "push_config": {"push_endpoint": url},
+                                             "retry_policy": {"minimum_backoff": "1s", "maximum_backoff": "5s"}})
+            subs[kind] = name
+        published: list[str] = []
+        t0 = time.time()
+        for start in range(0, s.messages, 10_000):
+            n = min(10_000, s.messages - start)
+            published += pub.publish_batch(topic, [{"data": b"k" * 64, "attributes": {"i": str(start + i)}} for i in range(n)])
+        log(f"kills: published {len(published):,} in {time.time() - t0:.1f} s to {len(subs)} push subscriptions")
+
+        kill_log: list[dict[str, Any]] = []
+        tls_fixed = False
+        tls_fixed_at: float | None = None
+        started = time.time()
+
+        def fix_tls() -> None:
+            nonlocal tls_fixed, tls_fixed_at
+            if "tls" in subs and not tls_fixed and time.time() - started > s.refuse_seconds:
+                tls_fixed_at = time.time()
+                sub.modify_push_config(subscription=subs["tls"], push_config={"push_endpoint": ep.url("ok")})
+                tls_fixed = True
+                log("kills: the TLS-failing subscription's push endpoint now points at a healthy one")
+
+        for k in range(s.kills):
+            job = start_job(wh, job_log)
+            began = time.time()
+            deadline = began + 300
+            while not any(r["t0"] >= began for r in ep.records()) and time.time() < deadline:  # this run's first push
+                if job.poll() is not None:
+                    raise RuntimeError(f"deliver job exited {job.returncode} before pushing:\n{_tail(job_log)}")
+                time.sleep(0.2)
+            time.sleep(rng.uniform(s.min_gap, s.max_gap))
+            fix_tls()
+            workers = push_workers(job, job_log)
+            if k % s.kill_worker_every == s.kill_worker_every - 1 and workers:  # one push worker only: Spark retries its task
+                victim = rng.choice(workers)
+                os.kill(victim, signal.SIGKILL)
+                kill_log.append({"at": time.time(), "what": "push worker", "pid": victim})
+                time.sleep(rng.uniform(s.min_gap, s.max_gap))
+                kill_log[-1]["job_survived"] = job.poll() is None  # the pool restarts its workers
+            kill_group(job)
+            kill_log.append({"at": time.time(), "what": "job"})
+            log(f"kills: kill {k + 1}/{s.kills} ({kill_log[-1]['what']}), endpoint saw {len(ep.records()):,} requests")
+
+        job = start_job(wh, job_log)
+        want = {kind: set(published) for kind in subs}
+        deadline = time.time() + s.finish_timeout
+        try:
+            while time.time() < deadline:
+                fix_tls()
+                acked: dict[str, set[str]] = {kind: set() for kind in subs}
+                names = {v: k for k, v in subs.items()}
+                for r in ep.records():
+                    kind = names.get(r["sub"])
+                    if kind is not None and (r["st"] == 102 or 200 <= r["st"] < 300):
+                        acked[kind].add(r["m"])
+                if all(want[k] <= acked[k] for k in subs):
+                    break
+                if job.poll() is not None:
+                    raise RuntimeError(f"deliver job exited {job.returncode}:\n{_tail(job_log)}")
+                time.sleep(1.0)
+            time.sleep(3.0)  # the last acks' MERGEs
+        finally:
+            stop_group(job)
+        elapsed = time.time() - started
+        time.sleep(1.0)  # the endpoint's last lines flushed
+        records = ep.records()
+    kill_times = [k["at"] for k in kill_log]
+    out: dict[str, Any] = {"messages": s.messages, "kills": len(kill_log), "kill_log": kill_log, "seconds": round(elapsed, 1),
+                           "window_bound_per_subscription": MAX_WINDOW, "tls_fixed_at": tls_fixed_at,
+                           "refuse_until": ep.started + s.refuse_seconds, "subscriptions": {}}
+    for kind, name in subs.items():
+        mine = [r for r in records if r["sub"] == name]
+        figures = check_pushes(published, mine, kill_times)
+        figures["first_arrival"] = min((r["t0"] for r in mine), default=None)
+        stats = sub.get_backlog(name)
+        figures["backlog_unacked"] = stats.num_unacked_messages
+        figures["backlog_agrees"] = stats.num_unacked_messages == figures["published"] - figures["acked"]
+        out["subscriptions"][kind] = figures
+    out["lost"] = sum(f["lost"] for f in out["subscriptions"].values())
+    out["acked_then_redelivered"] = sum(f["acked_then_redelivered"] for f in out["subscriptions"].values())
+    out["duplicates"] = sum(f["duplicates"] for f in out["subscriptions"].values())
+    out["backlog_agrees"] = all(f["backlog_agrees"] for f in out["subscriptions"].values())
+    out["unexpected"] = _unexpected(job_log)
+    out["unexpected_lines"] = _unexpected_lines(job_log)[:5]
+    out["ok"] = out["lost"] == 0 and out["acked_then_redelivered"] == 0 and out["backlog_agrees"]
+    sub.close()
+    return out
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def _unexpected(path: Path) -> int:
+    """Tracebacks (and raw CommitFailedErrors) in a log. A SIGKILL writes nothing, so a
+    killed process's log holds only what it wrote while running."""
+    return len(_unexpected_lines(path))
+
+
+def _unexpected_lines(path: Path, context: int = 12) -> list[str]:
+    """Each unexpected line of a log with the `context` lines after it (the traceback)."""
+    if not path.exists():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    return ["\n".join(lines[i : i + context]) for i, line in enumerate(lines) if UNEXPECTED.search(line)]
+
+
+# -- scenario: concurrent clients -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ConcurrentSettings:
+    processes: int
+    seconds: float
+    kill_every: float = 3.0  # seconds between kills of a random client process
+    server: bool = True  # also google-cloud-pubsub subscribe() clients through `deltabus serve`
+    # subscribe() clients' FlowControl.max_duration_per_lease_extension (None: the clients'
+    # defaults): a killed client's leases run that long at most, so the drain ends sooner.
+    lease_cap: int | None = None
+    seed: int = 11
+
+    def __post_init__(self) -> None:
+        if self.processes < 3:
+            raise ValueError(f"processes: must be >= 3 (a publisher, a puller, a subscriber), got {self.processes}")
+        if not self.seconds > 0 or not self.kill_every > 0:
+            raise ValueError("seconds and kill_every: must be > 0")
+
+
+CLIENT = ROOT / "bench" / "chaos_client.py"
+
+
+def _start_client(role: str, wh: str, sub_path: str, topic: str, out: Path, host: str | None, seed: int,
+                  lease_cap: int | None = None) -> subprocess.Popen[bytes]:
+    args = [sys.executable, str(CLIENT), role, "--warehouse", wh, "--subscription", sub_path, "--topic", topic, "--out", str(out),
+            "--seed", str(seed), "--deadline", str(ACK_DEADLINE)]
+    if lease_cap is not None:
+        args += ["--lease-cap", str(lease_cap)]
+    if host:
+        args += ["--host", host]
+    err = open(out.with_suffix(".err"), "ab")
+    return subprocess.Popen(args, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT)
+
+
+def _start_server(wh: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with open(log_path, "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "deltabus.cli", "serve", "--warehouse", wh, "--port", "0"],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT / "lib")})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.search(rb" on 127\.0\.0\.1:(\d+),", line)
+    if not found:
+        proc.kill()
+        raise RuntimeError(f"deltabus serve did not come up: {line!r}\n{_tail(log_path)}")
+    import threading
+
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    return proc, f"127.0.0.1:{int(found.group(1))}"
+
+
+def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
+    from deltabus import PublisherClient, SubscriberClient
+
+    rng = random.Random(s.seed)
+    wh = str(scratch / "warehouse")
+    pub = PublisherClient(warehouse=wh)
+    sub = SubscriberClient(warehouse=wh)
+    topic = pub.topic_path(PROJECT, "concurrent")
+    sub_path = sub.subscription_path(PROJECT, "concurrent")
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=sub_path, topic=topic, ack_deadline_seconds=ACK_DEADLINE)
+    records = scratch / "records"
+    records.mkdir()
+    server, host = _start_server(wh, scratch / "serve.log") if s.server else (None, None)
+    roles = ["publisher", "puller", "subscriber"] + (["grpc-subscriber"] if s.server else [])
+    roles += [rng.choice(["publisher", "puller", "puller", "subscriber"] + (["grpc-subscriber", "grpc-publisher"] if s.server else []))
+              for _ in range(s.processes - len(roles))]
+    procs: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
+    for i, role in enumerate(roles[: s.processes]):
+        procs[i] = (role, _start_client(role, wh, sub_path, topic, records / f"{i}-{role}.jsonl", host, s.seed + i, s.lease_cap))
+    kills = 0
+    started = time.time()
+    try:
+        while time.time() - started < s.seconds:
+            time.sleep(rng.uniform(0.5, 1.5) * s.kill_every)
+            if time.time() - started >= s.seconds:
+                break
+            i = rng.choice(list(procs))
+            role, proc = procs[i]
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+                kills += 1
+            procs[i] = (role, _start_client(role, wh, sub_path, topic, records / f"{i}-{role}.jsonl", host, s.seed + 1000 + kills,
+                                           s.lease_cap))
+        for role, proc in procs.values():  # publishers first stop publishing, consumers get a moment
+            proc.send_signal(signal.SIGTERM)
+        for role, proc in procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        # The drain: a clean puller until the subscription gives nothing for two deadlines.
+        drain = _start_client("drain", wh, sub_path, topic, records / "drain.jsonl", None, s.seed)
+        drain.wait(DRAIN_TIMEOUT)
+    finally:
+        for _, proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+    published: set[str] = set()
+    receipts: list[Receipt] = []
+    acks: list[Ack] = []
+    subscribe_acked: set[str] = set()
+    errors = 0
+    for f in sorted(records.glob("*.jsonl")):
+        client = f.stem
+        for line in f.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the kill
+            if e["e"] == "pub":
+                published.update(e["ids"])
+            elif e["e"] == "recv":
+                if e.get("called") is not None:
+                    receipts.extend(Receipt(client, m, e["called"], e["t"], e["deadline"]) for m in e["ids"])
+                else:  # subscribe(): no call start known, so no lease bound either
+                    receipts.extend(Receipt(client, m, e["t"] - 1e9, e["t"], 0.0) for m in e["ids"])
+            elif e["e"] == "ack":
+                acks.extend(Ack(client, m, e["t"]) for m in e["ids"])
+            elif e["e"] == "sub-ack":
+                subscribe_acked.update(e["ids"])
+            elif e["e"] == "error":
+                errors += 1
+        err = f.with_suffix(".err")
+        if err.exists():
+            errors += _unexpected(err)
+    figures = check_pulls(published, receipts, acks + [Ack("subscribe", m, float("inf")) for m in subscribe_acked - {a.message_id for a in acks}])
+    # subscribe() acks are not confirmed to their callback: such an id counts as acked only
+    # if the drain then found the subscription empty (it would have got it back otherwise).
+    left = sub.get_backlog(sub_path).num_unacked_messages
+    out: dict[str, Any] = {"processes": s.processes, "roles": roles[: s.processes], "seconds": s.seconds, "kills": kills,
+                           **figures, "backlog_left": left, "unexpected_exceptions": errors + (_unexpected(scratch / "serve.log") if s.server else 0)}
+    out["ok"] = out["lost"] == 0 and out["granted_twice"] == 0 and out["acked_then_redelivered"] == 0 and left == 0 \
+        and out["unexpected_exceptions"] == 0
+    sub.close()
+    return out
+
+
+# -- the command --------------------------------------------------------------------------------
+SCENARIOS = ("kills", "concurrent", "skew")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    only: tuple[str, ...]
+    quick: bool
+    messages: int
+    kills: int
+    processes: int
+    seconds: float
+    skew: float
+    out: Path | None = None
+    scratch: Path | None = None
+    refuse_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.only if s not in SCENARIOS]
+        if bad:
+            raise ValueError(f"--only: unknown scenario(s) {', '.join(bad)}; choose from {', '.join(SCENARIOS)}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(prog="bench/chaos.sh", description="deltabus's chaos suite (issue 16)")
+    p.add_argument("--quick", action="store_true", help="small sizes (minutes, not an hour)")
+    p.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated scenarios ({', '.join(SCENARIOS)})")
+    p.add_argument("--messages", type=int, help="messages for the kills scenario (default 1,000,000; --quick 20,000)")
+    p.add_argument("--kills", type=int, help="job kills (default 20; --quick 4)")
+    p.add_argument("--processes", type=int, help="client processes in the concurrent scenario (default 8; --quick 4)")
+    p.add_argument("--seconds", type=float, help="seconds of the concurrent scenario (default 600; --quick 40)")
+    p.add_argument("--skew", type=float, default=30.0, help="clock skew in seconds for the skew scenario (default 30)")
+    p.add_argument("--refuse-seconds", type=float, help="seconds the refusing endpoint refuses (default 60; --quick 15)")
+    p.add_argument("--out", type=Path, help="result stem (default bench/results/<date>-chaos[-quick])")
+    p.add_argument("--scratch", type=Path, help="scratch directory (default: a new temp dir, removed)")
+    a = p.parse_args(argv)
+    return Options(
+        only=tuple(x for x in a.only.split(",") if x), quick=a.quick,
+        messages=a.messages or (20_000 if a.quick else 1_000_000), kills=a.kills if a.kills is not None else (4 if a.quick else 20),
+        processes=a.processes or (4 if a.quick else 8), seconds=a.seconds or (40.0 if a.quick else 600.0), skew=a.skew,
+        out=a.out, scratch=a.scratch, refuse_seconds=a.refuse_seconds if a.refuse_seconds is not None else (15.0 if a.quick else 60.0),
+    )
+
+
+def summary(name: str, r: dict[str, Any]) -> str:
+    if name == "kills":
+        return (f"kills: {'OK' if r['ok'] else 'FAILED'}: {r['messages']:,} messages x {len(r['subscriptions'])} subscriptions, "
+                f"{r['kills']} kills: lost {r['lost']}, acked-then-redelivered {r['acked_then_redelivered']}, "
+                f"duplicates {r['duplicates']:,}, backlog agrees {r['backlog_agrees']}, {r['seconds']:.0f} s")
+    if name == "concurrent":
+        return (f"concurrent: {'OK' if r['ok'] else 'FAILED'}: {r['processes']} processes, {r['seconds']:.0f} s, {r['kills']} kills: "
+                f"{r['published']:,} published, lost {r['lost']}, granted twice {r['granted_twice']}, "
+                f"acked-then-redelivered {r['acked_then_redelivered']}, duplicates {r['duplicates']:,}, "
+                f"unexpected exceptions {r['unexpected_exceptions']}, backlog left {r['backlog_left']}")
+    return f"{name}: {json.dumps({k: v for k, v in r.items() if not isinstance(v, (list, dict))})}"
+
+
+def run(opts: Options, scratch: Path) -> dict[str, Any]:
+    result: dict[str, Any] = {"date": dt.date.today().isoformat(), "quick": opts.quick, "scenarios": {}}
+    runners: dict[str, Callable[[Path], dict[str, Any]]] = {
+        "kills": lambda d: kills(d, KillSettings(opts.messages, opts.kills, refuse_seconds=opts.refuse_seconds)),
+        "concurrent": lambda d: concurrent(d, ConcurrentSettings(opts.processes, opts.seconds)),
+    }
+    if "skew" in opts.only:
+        from bench import chaos_skew  # written beside this harness
+
+        runners["skew"] = lambda d: chaos_skew.run(d, messages=2_000 if opts.quick else 20_000, skew_seconds=opts.skew)
+    for name in opts.only:
+        d = scratch / name
+        d.mkdir(parents=True, exist_ok=True)
+        log(f"{name}: starting")
+        r = runners[name](d)
+        result["scenarios"][name] = r
+        print(summary(name, r), flush=True)
+    result["ok"] = all(r.get("ok", True) for r in result["scenarios"].values())
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    import shutil
+
+    scratch = opts.scratch or Path(tempfile.mkdtemp(prefix="deltabus-chaos-"))
+    try:
+        result = run(opts, scratch)
+    finally:
+        if opts.scratch is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    stem = opts.out or ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}-chaos{'-quick' if opts.quick else ''}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    log(f"results: {stem}.json")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

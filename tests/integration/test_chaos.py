@@ -1,0 +1,68 @@
+"""The chaos suite's scenarios, small (issue 16): the same harness as ./bench/chaos.sh
+(bench/chaos.py), with invariants checked from the endpoint's and the clients' own records.
+
+Both scenarios run at once (tests.background): each mostly waits (Spark starting, leases
+running out), and the pair fills the two cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import ConcurrentSettings, KillSettings, concurrent, kills, summary
+from tests.background import start_selected
+
+
+def job_kills_under_the_failing_endpoint_mix(tmp: Path) -> None:
+    # Every behaviour of the mix, 2 kills of the whole job, each after one of a push worker
+    # alone (kill_worker_every=1). Fewer 500s than the bench's 50%: the subscription's push
+    # backoff makes those the run's long tail (600 messages took ~100 s at 50%).
+    r = kills(tmp, KillSettings(messages=400, kills=2, min_gap=1.5, max_gap=3.0, refuse_seconds=8.0, kill_worker_every=1,
+                                flaky_odds=0.2, finish_timeout=240.0))
+    print(summary("kills", r))
+    assert r["kills"] >= 3, r["kill_log"]  # push worker kills and two job kills
+    worker_kills = [k for k in r["kill_log"] if k["what"] == "push worker"]
+    assert worker_kills and all(k["job_survived"] for k in worker_kills), r["kill_log"]
+    for kind, f in r["subscriptions"].items():
+        assert f["lost"] == 0, (kind, f)
+        assert f["acked_then_redelivered"] == 0, (kind, f["violations"])
+        assert f["backlog_agrees"] and f["backlog_unacked"] == 0, (kind, f)
+        assert f["unknown_ids"] == 0, (kind, f)
+    assert r["subscriptions"]["flaky"]["arrivals"] > 400  # the 500s were retried
+    # Nothing got through a failing TLS handshake or a refused connection; all came later.
+    assert r["tls_fixed_at"] is not None and r["subscriptions"]["tls"]["first_arrival"] > r["tls_fixed_at"]
+    assert r["subscriptions"]["refuse"]["first_arrival"] >= r["refuse_until"]
+    assert r["unexpected"] == 0, r["unexpected_lines"]
+    assert r["ok"]
+
+
+def concurrent_clients_with_kills(tmp: Path) -> None:
+    r = concurrent(tmp, ConcurrentSettings(processes=5, seconds=12.0, kill_every=2.0, lease_cap=10))
+    print(summary("concurrent", r))
+    assert r["kills"] >= 3
+    assert r["published"] > 0 and r["receipts"] >= r["published"]
+    assert (r["lost"], r["granted_twice"], r["acked_then_redelivered"]) == (0, 0, 0), r["violations"]
+    assert r["unexpected_exceptions"] == 0
+    assert r["backlog_left"] == 0 and r["unknown_ids"] >= 0
+    assert r["ok"]
+
+
+SCENARIOS = {
+    "test_job_kills_under_the_failing_endpoint_mix": job_kills_under_the_failing_endpoint_mix,
+    "test_concurrent_clients_with_kills": concurrent_clients_with_kills,
+}
+
+
+@pytest.fixture(scope="module")
+def scenarios(request, tmp_path_factory):
+    yield from start_selected(request, tmp_path_factory, SCENARIOS)
+
+
+@pytest.mark.spark
+def test_job_kills_under_the_failing_endpoint_mix(scenarios):
+    scenarios.result("test_job_kills_under_the_failing_endpoint_mix")
+
+
+def test_concurrent_clients_with_kills(scenarios):
+    scenarios.result("test_concurrent_clients_with_kills")
