@@ -10,7 +10,7 @@ from .errors import InvalidArgument
 from .policy.clock_skew import ClockSkewPolicy
 from .registry import Registry
 from .storage import Engine, check_warehouse_path, open_engine
-from .storage.clock import StorageClock, resolve_clock
+from .storage.clock import StorageClock, resolve_clock, wall
 
 DEFAULT_WAREHOUSE_ENV = config.WAREHOUSE_ENV
 
@@ -67,7 +67,7 @@ class ClientBase:
         self._opened: tuple[Engine, Registry] | None = None
         if engine is not None:
             self._attach(engine)
-            self._opened = (engine, Registry(engine, clock=self._clock))
+            self._opened = (engine, Registry(engine, clock=wall(self._clock)))
             return
         self._warehouse = resolve_warehouse(warehouse, settings)  # a bad path (a file) fails here, at once
         self._storage_options = storage_options
@@ -95,7 +95,7 @@ class ClientBase:
                     engine_field=field,
                 )
                 self._attach(engine)
-                self._opened = (engine, Registry(engine, clock=self._clock))
+                self._opened = (engine, Registry(engine, clock=wall(self._clock)))
             return self._opened
 
     def _attach(self, engine: Engine) -> None:

@@ -11,6 +11,7 @@ from ..delivery import detach
 from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, mask_paths, required
+from ..storage.clock import wall
 from ..errors import ClientClosed, InvalidArgument, OrderingNotEnabled
 from ..pagers import ListTopicsPager, ListTopicSubscriptionsPager
 from .rows import OutgoingMessage, append, build_rows, from_arrow
@@ -205,7 +206,7 @@ class PublisherClient(ClientBase):
     # -- publishing --------------------------------------------------------
     def _commit(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[str]:
         rec = self._registry.topic(topic)  # NotFound once the topic is deleted
-        rows, ids = build_rows(rec.topic_uid, rec.name, messages, self._clock())
+        rows, ids = build_rows(rec.topic_uid, rec.name, messages, wall(self._clock)())
         append(self._engine, rows)
         return ids
 
@@ -314,7 +315,7 @@ class PublisherClient(ClientBase):
         table = dataframe_to_arrow(frame)
         if table.num_rows == 0:
             return 0
-        rows, ids = from_arrow(rec.topic_uid, rec.name, table, self._clock())
+        rows, ids = from_arrow(rec.topic_uid, rec.name, table, wall(self._clock)())
         append(self._engine, rows)
         return len(ids)
 

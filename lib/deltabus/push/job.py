@@ -54,7 +54,7 @@ from ..registry import Registry, SubscriptionRecord
 from ..errors import ClockUncertain
 from ..policy.clock_skew import ClockSkewPolicy
 from ..storage import Engine, Snapshot, open_engine
-from ..storage.clock import StorageClock, deadline, resolve_clock
+from ..storage.clock import StorageClock, deadline, resolve_clock, wall
 from ..storage.tables import BACKLOG, DELIVERIES
 from . import plan
 from .auth import TokenSource
@@ -141,7 +141,7 @@ class DeliveryJob:
         if isinstance(clock, StorageClock):
             clock.attach(self.engine)
         self.registry = Registry(self.engine, clock=clock)
-        self.activity = ActivityRecorder(self.registry, clock)  # for expiration policies
+        self.activity = ActivityRecorder(self.registry, wall(clock))  # for expiration policies
         self._clock = clock
         self.book = OutcomeLedger(self.registry.subscriptions, clock=clock, rand=rand)
         self.pacer = CommitPacer(pacing, clock())

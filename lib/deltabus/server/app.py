@@ -36,7 +36,7 @@ from ..publisher.client import PublisherClient
 from ..registry import Registry
 from ..policy.clock_skew import ClockSkewPolicy
 from ..storage import open_engine
-from ..storage.clock import StorageClock, resolve_clock
+from ..storage.clock import StorageClock, resolve_clock, wall
 from ..subscriber.client import SubscriberClient
 from . import streaming
 from .calls import request_deserializer
@@ -186,7 +186,7 @@ async def start(
         return ServerState(
             settings=settings,
             engine=engine,
-            registry=Registry(engine, clock=kept),
+            registry=Registry(engine, clock=wall(kept)),
             publisher=PublisherClient(engine=engine, clock=kept),
             subscriber=SubscriberClient(engine=engine, clock=kept, allow_http=settings.allow_http),
             executor=executor,

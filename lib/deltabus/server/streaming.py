@@ -86,6 +86,7 @@ from ..delivery.model import IdResult, Result
 from ..errors import FailedPrecondition, InvalidArgument
 from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
+from ..storage.clock import wall
 from . import convert
 from .group_commit import GroupCommits
 from .payload_cache import PayloadCache
@@ -135,12 +136,12 @@ class StreamHub:
         # with this pool.
         self._rounds = ThreadPoolExecutor(max_workers=ROUND_THREADS, thread_name_prefix="deltabus-rounds")
         self.payloads = PayloadCache()  # this server's recent publishes, for the rounds that lease them
-        self.activity = ActivityRecorder(state.registry, state.clock)  # for expiration policies
+        self.activity = ActivityRecorder(state.registry, wall(state.clock))  # for expiration policies
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
                                     on_use=self.activity.used)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
-        self.publishes = PublishCommits(state.engine, state.registry, state.clock, executor=self._appends, cache=self.payloads)
+        self.publishes = PublishCommits(state.engine, state.registry, wall(state.clock), executor=self._appends, cache=self.payloads)
         self._streams: set[_Stream] = set()
         self._owner: dict[str, _Stream] = {}
         # ack id -> the lease end its deliveries row holds once the changes queued so far commit

@@ -220,6 +220,17 @@ def deadline(clock: Callable[[], float], now: float, seconds: float) -> float:
     return now + seconds
 
 
+def wall(clock: Callable[[], float]) -> Callable[[], float]:
+    """The clock events are stamped with (publish times; create, update and use times):
+    this process's own clock, the local clock under a ``StorageClock``. Only lease arithmetic
+    runs on the storage's time. Why: a ``StorageClock`` call is the storage's EARLIEST
+    possible time, tens of milliseconds behind this host's clock, so a message published
+    just after a user read ``time.time()`` got an earlier publish time, and a seek to that
+    reading counted the message as acked (tests/integration/test_seek.py). Pub/Sub stamps
+    publish times with its own servers' clocks, never a lower bound."""
+    return clock.local if isinstance(clock, StorageClock) else clock
+
+
 def resolve_clock(clock: Callable[[], float] | None, clock_skew: ClockSkewPolicy | None) -> Callable[[], float]:
     """The clock an entry point (a client, the server, the push job) keeps time with: without
     `clock_skew`, a new ``StorageClock`` over ``time.time`` when no `clock` is given, and a

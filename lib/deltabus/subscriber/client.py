@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .. import ackid, backlog, config, names, pagination, subscription_fields, watch
 from ..activity import ActivityRecorder
+from ..storage.clock import wall
 from ..watch import LogWatcher
 from ..delivery import dead_letter, operations as delivery
 from ..delivery.payloads import fetch_messages, received_messages
@@ -94,7 +95,7 @@ class SubscriberClient(ClientBase):
         if self._activity is None:
             with self._streams_lock:
                 if self._activity is None:
-                    self._activity = ActivityRecorder(self._registry, self._clock)
+                    self._activity = ActivityRecorder(self._registry, wall(self._clock))
         self._activity.used(rec)
 
     def _sub(self, name: Any, field: str = "subscription") -> SubscriptionRecord:
