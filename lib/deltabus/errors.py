@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import Enum
 from typing import Mapping
 
@@ -63,6 +64,30 @@ class ClockUncertain(FailedPrecondition):
     """A lease was refused: this process knows the storage's time less well than its clock
     policy's ``max_uncertainty`` (``policy.clock_skew``), so others might judge the lease
     wrongly. Nothing was written; the call may be retried."""
+
+
+class StorageFull(DeltabusError, OSError):
+    """A write failed because the warehouse's filesystem is full (errno ENOSPC, issue 16).
+    Tables stay consistent: a Delta commit either landed whole or not at all, so the call
+    may be retried once space is freed (a retried publish may then be stored twice, as on
+    any failed publish). ``filename`` is the table's path."""
+
+    def __init__(self, what: str, path: str) -> None:
+        super().__init__(errno.ENOSPC, "no space left on device", path)
+        self.what = what
+
+    @staticmethod
+    def caused(exc: BaseException) -> bool:
+        """Whether `exc` is a write that found the filesystem full. delta-rs reports ENOSPC as
+        an OSError ("Generic LocalFileSystem error ... os error 28") or as a DeltaError
+        ("Failed to parse parquet: External: ... No space left on device", from a MERGE)."""
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        text = str(exc)
+        return "os error 28" in text or "No space left on device" in text
+
+    def __str__(self) -> str:
+        return f"{self.what}: no space left on device at {self.filename}; free space on that filesystem, then retry"
 
 
 class Aborted(DeltabusError):

@@ -11,7 +11,8 @@ UNAVAILABLE), so the code must say what happened:
 - Aborted (a commit that kept conflicting; nothing written) -> ABORTED (retryable);
 - a timeout -> DEADLINE_EXCEEDED; Cancelled/ClientClosed (the server is stopping), storage
   that cannot be reached (OSError) and ClockUncertain (a lease refused while the server's
-  storage clock is known too loosely, issue 16) -> UNAVAILABLE;
+  storage clock is known too loosely, issue 16) -> UNAVAILABLE; StorageFull (a full
+  disk) -> UNAVAILABLE with its message (the path, and "free space ... then retry");
 - AcknowledgeError with ``failed`` ack ids (exactly-once, issue 15: an Acknowledge or
   ModifyAckDeadline whose other ids applied) -> INVALID_ARGUMENT, as Pub/Sub answers it, with
   the rich status (``details``) the clients read per ack id: a ``google.rpc.Status`` of the
@@ -32,7 +33,7 @@ from typing import NamedTuple
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from ..errors import (AcknowledgeError, AcknowledgeStatus, AlreadyExists, Aborted, Cancelled, ClockUncertain, FailedPrecondition,
+from ..errors import (AcknowledgeError, AcknowledgeStatus, AlreadyExists, Aborted, Cancelled, ClockUncertain, FailedPrecondition, StorageFull,
                       InvalidArgument, NotFound)
 
 # The trailing metadata key of the rich status (grpc_status.rpc_status's GRPC_DETAILS_METADATA_KEY).
@@ -87,6 +88,8 @@ def status_of(exc: BaseException) -> Status:
         return Status(grpc.StatusCode.DEADLINE_EXCEEDED, "the call ran out of time")
     if isinstance(exc, Cancelled):
         return Status(grpc.StatusCode.UNAVAILABLE, f"{exc}")
+    if isinstance(exc, StorageFull):  # names the path and the fix; retryable once space is freed
+        return Status(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, OSError):
         return Status(grpc.StatusCode.UNAVAILABLE, f"storage unavailable ({type(exc).__name__}); retry")
     return Status(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")

@@ -17,7 +17,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, SchemaMismatchError, TableNotFoundError
 
 from ..config import ConcreteEngine
-from ..errors import Aborted
+from ..errors import Aborted, StorageFull
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .clock import CommitObserver, local_folder
@@ -449,6 +449,10 @@ class DeltaRsEngine:
                 log.debug("%s: commit conflict on %s (attempt %d), retrying", what, table, attempt + 1)
                 self._sleep(self._backoff.delay(attempt, random.random()))
                 attempt += 1
+            except Exception as exc:  # a full disk: say so, not "Generic LocalFileSystem error" or a parquet error
+                if isinstance(exc, StorageFull) or not StorageFull.caused(exc):
+                    raise
+                raise StorageFull(what, self.table_uri(table)) from exc
 
     def _after_commit(self, snap: DeltaRsSnapshot) -> None:
         """Auto-compaction: every `every` commits, compact the partitions just written if they
@@ -479,6 +483,11 @@ class DeltaRsEngine:
                          metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
             except CommitFailedError:
                 log.debug("compaction of %s %s lost to a concurrent commit; the next one will retry", spec.name, part)
+            except Exception as exc:  # the commit before it landed: a full disk must not fail it
+                if not StorageFull.caused(exc):
+                    raise
+                log.warning("compaction of %s %s skipped: no space left on device; the next one will retry", spec.name, part)
+                return
 
     def append(self, table: str, data: pa.Table, *, app_txn: AppTxn | tuple[str, int] | None = None) -> bool:
         """Append (a blind append: it never conflicts semantically, only races for a version).

@@ -105,7 +105,7 @@ def maintain_warehouse(
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
-    from ..errors import InvalidArgument
+    from ..errors import InvalidArgument, StorageFull
     from .tables import ALL
 
     if retention_hours < 0:
@@ -119,28 +119,33 @@ def maintain_warehouse(
         uri = f"{warehouse.rstrip('/')}/{spec.name}"
         if not DeltaTable.is_deltatable(uri):
             continue
-        dt = DeltaTable(uri)
-        col = spec.partition_column
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        before = actions.num_rows
-        # Files per partition, counted once from the log (compacting one partition leaves the others' counts).
-        counts: dict[str | None, int] = {None: before}
-        if col is not None and before:
-            grouped = actions.group_by(f"partition.{col}").aggregate([("path", "count")])
-            counts = dict(zip(grouped[f"partition.{col}"].to_pylist(), grouped["path_count"].to_pylist()))
-        skipped = 0
-        for part, files in counts.items():
-            if files < min_files or (col is not None and part is None):
-                continue
-            try:
-                compact(dt, col, part)
-            except CommitFailedError:
-                skipped += 1
-            dt.update_incremental()
-        dt.create_checkpoint()
-        removed = vacuum(dt, max(retention_hours, keep_hours.get(spec.name, 0)))
-        report.append({"table": spec.name, "files_before": before, "files_after": file_count(dt, None, None),
-                       "vacuumed": len(removed), "compactions_skipped": skipped, "version": dt.version()})
+        try:
+            dt = DeltaTable(uri)
+            col = spec.partition_column
+            actions = pa.table(dt.get_add_actions(flatten=True))
+            before = actions.num_rows
+            # Files per partition, counted once from the log (compacting one partition leaves the others' counts).
+            counts: dict[str | None, int] = {None: before}
+            if col is not None and before:
+                grouped = actions.group_by(f"partition.{col}").aggregate([("path", "count")])
+                counts = dict(zip(grouped[f"partition.{col}"].to_pylist(), grouped["path_count"].to_pylist()))
+            skipped = 0
+            for part, files in counts.items():
+                if files < min_files or (col is not None and part is None):
+                    continue
+                try:
+                    compact(dt, col, part)
+                except CommitFailedError:
+                    skipped += 1
+                dt.update_incremental()
+            dt.create_checkpoint()
+            removed = vacuum(dt, max(retention_hours, keep_hours.get(spec.name, 0)))
+            report.append({"table": spec.name, "files_before": before, "files_after": file_count(dt, None, None),
+                           "vacuumed": len(removed), "compactions_skipped": skipped, "version": dt.version()})
+        except Exception as exc:  # a full disk: name the table and the fix, not a DeltaError's traceback
+            if not StorageFull.caused(exc):
+                raise
+            raise StorageFull(f"maintenance of {spec.name}", uri) from exc
     return report
 
 
