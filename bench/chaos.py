@@ -7,8 +7,8 @@ endpoint's and the clients' own records (``chaos_check``), never from deltabus's
 Scenarios (each selectable with --only; each prints one summary line; the run writes JSON
 to bench/results/<date>-chaos[-quick].json, or --out):
 
-- ``kills``: N messages published to a topic with one push subscription per failing-endpoint
-  behaviour (``chaos_endpoint``: healthy, 50% 500s, answers held past the ack deadline, a
+- ``kills``: N messages published, split evenly over topics with one push subscription
+  each, one per failing-endpoint behaviour (``chaos_endpoint``: healthy, 50% 500s, answers held past the ack deadline, a
   slow drip of the body, a 2xx with a huge body, connections refused for the first
   ``refuse_seconds``) and one whose endpoint fails TLS until its push config is changed to a
   healthy one. ``jobs/deliver.py`` (through ./spark-submit.sh, its own process group) is
@@ -206,25 +206,33 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
     wh = str(scratch / "warehouse")
     pub = PublisherClient(warehouse=wh)
     sub = SubscriberClient(warehouse=wh, allow_http=True)
-    topic = pub.topic_path(PROJECT, "kills")
-    pub.create_topic(name=topic)
     job_log = scratch / "deliver.log"
     with ChaosEndpoint(scratch / "endpoint", EndpointSettings(deadline=ACK_DEADLINE, refuse_seconds=s.refuse_seconds, seed=s.seed,
                                                                          flaky_odds=s.flaky_odds)) as ep:
+        # One topic per subscription, the messages split evenly: N messages are N pushes to
+        # ack (one topic for all would make it N per subscription).
         subs: dict[str, str] = {}
-        for kind in s.behaviours:
+        published: dict[str, list[str]] = {}
+        t0 = time.time()
+        share = -(-s.messages // len(s.behaviours))
+        for j, kind in enumerate(s.behaviours):
+            topic = pub.topic_path(PROJECT, f"kills-{kind}")
+            pub.create_topic(name=topic)
             name = sub.subscription_path(PROJECT, f"push-{kind}")
             url = _tls_failing_url(ep.port) if kind == "tls" else ep.url(kind)  # type: ignore[arg-type]
+            # Every push signs an OIDC token, as production subscriptions do (the signing is on the path).
             sub.create_subscription(request={"name": name, "topic": topic, "ack_deadline_seconds": ACK_DEADLINE,
-                                             "push_config": {"push_endpoint": url},
+                                             "push_config": {"push_endpoint": url,
+                                                             "oidc_token": {"service_account_email": "chaos@local.iam.gserviceaccount.com"}},
                                              "retry_policy": {"minimum_backoff": "1s", "maximum_backoff": "5s"}})
             subs[kind] = name
-        published: list[str] = []
-        t0 = time.time()
-        for start in range(0, s.messages, 10_000):
-            n = min(10_000, s.messages - start)
-            published += pub.publish_batch(topic, [{"data": b"k" * 64, "attributes": {"i": str(start + i)}} for i in range(n)])
-        log(f"kills: published {len(published):,} in {time.time() - t0:.1f} s to {len(subs)} push subscriptions")
+            n_kind = max(0, min(share, s.messages - j * share))
+            published[kind] = []
+            for start in range(0, n_kind, 10_000):
+                n = min(10_000, n_kind - start)
+                published[kind] += pub.publish_batch(topic, [{"data": b"k" * 64, "attributes": {"i": str(start + i)}} for i in range(n)])
+        log(f"kills: published {sum(map(len, published.values())):,} in {time.time() - t0:.1f} s to {len(subs)} topics, "
+            "one push subscription each")
 
         kill_log: list[dict[str, Any]] = []
         tls_fixed = False
@@ -261,7 +269,7 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
             log(f"kills: kill {k + 1}/{s.kills} ({kill_log[-1]['what']}), endpoint saw {len(ep.records()):,} requests")
 
         job = start_job(wh, job_log)
-        want = {kind: set(published) for kind in subs}
+        want = {kind: set(published[kind]) for kind in subs}
         deadline = time.time() + s.finish_timeout
         try:
             while time.time() < deadline:
@@ -289,7 +297,7 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
                            "refuse_until": ep.started + s.refuse_seconds, "subscriptions": {}}
     for kind, name in subs.items():
         mine = [r for r in records if r["sub"] == name]
-        figures = check_pushes(published, mine, kill_times)
+        figures = check_pushes(published[kind], mine, kill_times)
         figures["first_arrival"] = min((r["t0"] for r in mine), default=None)
         stats = sub.get_backlog(name)
         figures["backlog_unacked"] = stats.num_unacked_messages
@@ -513,7 +521,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 
 def summary(name: str, r: dict[str, Any]) -> str:
     if name == "kills":
-        return (f"kills: {'OK' if r['ok'] else 'FAILED'}: {r['messages']:,} messages x {len(r['subscriptions'])} subscriptions, "
+        return (f"kills: {'OK' if r['ok'] else 'FAILED'}: {r['messages']:,} messages over {len(r['subscriptions'])} subscriptions, "
                 f"{r['kills']} kills: lost {r['lost']}, acked-then-redelivered {r['acked_then_redelivered']}, "
                 f"duplicates {r['duplicates']:,}, backlog agrees {r['backlog_agrees']}, {r['seconds']:.0f} s")
     if name == "concurrent":
@@ -521,6 +529,10 @@ def summary(name: str, r: dict[str, Any]) -> str:
                 f"{r['published']:,} published, lost {r['lost']}, granted twice {r['granted_twice']}, "
                 f"acked-then-redelivered {r['acked_then_redelivered']}, duplicates {r['duplicates']:,}, "
                 f"unexpected exceptions {r['unexpected_exceptions']}, backlog left {r['backlog_left']}")
+    if name == "skew":
+        return (f"skew: {'OK' if r['ok'] else 'FAILED'}: {r['messages']:,} messages, pullers at +/-{r['skew_seconds']:g} s and 0: "
+                f"granted twice {r['leases_granted_twice']}, acked-then-redelivered {r['acked_redelivered']}, lost {r['lost']}, "
+                f"duplicates {r['duplicates']}, widest lease pad {r['bound']['widest_lease_pad'] * 1000:.0f} ms")
     return f"{name}: {json.dumps({k: v for k, v in r.items() if not isinstance(v, (list, dict))})}"
 
 
@@ -533,7 +545,12 @@ def run(opts: Options, scratch: Path) -> dict[str, Any]:
     if "skew" in opts.only:
         from bench import chaos_skew  # written beside this harness
 
-        runners["skew"] = lambda d: chaos_skew.run(d, messages=2_000 if opts.quick else 20_000, skew_seconds=opts.skew)
+        def skew(d: Path) -> dict[str, Any]:
+            r = chaos_skew.run(d, messages=2_000 if opts.quick else 20_000, skew_seconds=opts.skew)
+            r["ok"] = r["leases_granted_twice"] == 0 and r["acked_redelivered"] == 0 and r["lost"] == 0 and r["errors"] == 0
+            return r
+
+        runners["skew"] = skew
     for name in opts.only:
         d = scratch / name
         d.mkdir(parents=True, exist_ok=True)

@@ -136,16 +136,19 @@ def _serve(out_dir: str, settings: EndpointSettings, ports: Any) -> None:  # pra
         s.close()
         ports.put((main_port, refuse_port))
 
+        async def flush() -> None:
+            while True:
+                await asyncio.sleep(0.5)
+                log.flush()
+
+        flusher = asyncio.get_running_loop().create_task(flush())  # from the start, refusing or not
         late = web.Application(client_max_size=64 * 1024 * 1024)
         late.router.add_route("POST", "/refuse", handler("refuse"))
         late_runner = web.AppRunner(late, access_log=None)
         await late_runner.setup()
         await asyncio.sleep(settings.refuse_seconds)
         await web.TCPSite(late_runner, "127.0.0.1", refuse_port, backlog=4096).start()
-
-        while True:
-            await asyncio.sleep(0.5)
-            log.flush()
+        await flusher
 
     asyncio.run(main())
 
