@@ -295,7 +295,9 @@ def damaged(scratch: Path, messages: int, steps_wanted: tuple[str, ...] = STEPS)
             errs = [ln for ln in text.splitlines() if ln.startswith("deliver:") and ("error" in ln.lower() or "delete" in ln.lower())]
             steps.append({"step": name, "damage": what, "job_rc": rc, "seconds": round(time.time() - started, 1),
                           "push_missing": len(set(published) - got), "client_error": client_error,
-                          "job_error_lines": errs[:3], "tracebacks": len([ln for ln in text.splitlines() if TRACEBACK.search(ln)])})
+                          "job_error_lines": errs[:3], "tracebacks": len([ln for ln in text.splitlines() if TRACEBACK.search(ln)]),
+                          # batches skipped as "already committed": a run on a NEW checkpoint must skip none
+                          "skipped_batches": text.count("already committed before a restart; skipped")})
             log(f"damaged: {name}: {steps[-1]}")
 
         def truncate_offsets() -> str:

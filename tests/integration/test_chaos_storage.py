@@ -27,6 +27,8 @@ def test_a_full_disk_gives_clear_errors_corrupts_nothing_and_recovers(tmp_path):
 def test_a_deleted_streaming_checkpoint_loses_nothing(tmp_path):
     r = damaged(tmp_path, messages=20, steps_wanted=("checkpoint deleted",))
     assert [s["job_rc"] for s in r["steps"]] == [0, 0], r["steps"]
+    # The new checkpoint's batches (ids from 0 again) are its own, not the old one's replays.
+    assert r["steps"][1]["skipped_batches"] == 0, r["steps"]
     assert (r["lost"], r["pull_lost"], r["acked_then_redelivered"], r["unknown_ids"]) == (0, 0, 0, 0), r
     assert (r["backlog_push"], r["backlog_pull"]) == (0, 0)
     assert r["ok"], r

@@ -115,6 +115,9 @@ class RunSummary:
 
 # When the job stops, pushes already handed to workers get this long past their deadline to report.
 DRAIN_GRACE = 5.0
+# Seconds a batch waits for the runner to name the streaming query (it does right after
+# start(), which returns as the first batch may begin).
+QUERY_BIND_TIMEOUT = 60.0
 
 
 class DeliveryJob:
@@ -152,7 +155,8 @@ class DeliveryJob:
         self.targets = PushTargets(allow_http=settings.allow_http)
         self._pool: PushPool | None = None  # started with the first pushes
         self.checkpoint = checkpoint_for(settings.checkpoint_path, self.engine.name)
-        self.app_id = app_id_for(self.checkpoint)
+        self.app_id = app_id_for(self.checkpoint)  # until bind_query names the streaming query
+        self._query_bound: threading.Event | None = None  # set by expect_query: batches wait for bind_query
         self.idle = False
         self.stopping = False
         self.until_idle = until_idle
@@ -173,6 +177,18 @@ class DeliveryJob:
         """The push subscriptions this job may push to, by uid, from `records` (default: the registry)."""
         return self.targets.select(records if records is not None else self.registry.subscriptions())
 
+    # -- the streaming query ------------------------------------------------------------
+    def expect_query(self) -> None:
+        """Call before starting the streaming query: its batches then wait for ``bind_query``."""
+        self._query_bound = threading.Event()
+
+    def bind_query(self, query_id: str) -> None:
+        """The streaming query's id (``StreamingQuery.id``, kept in its checkpoint): batches are
+        recorded under an application id of this checkpoint AND query (``app_id_for``)."""
+        self.app_id = app_id_for(self.checkpoint, query_id)
+        if self._query_bound is not None:
+            self._query_bound.set()
+
     # -- the micro-batch --------------------------------------------------------------
     def on_batch(self, df: "DataFrame", batch_id: int) -> None:
         """foreachBatch handler. Once stopping, batches are no-ops so the query stops at once:
@@ -192,6 +208,8 @@ class DeliveryJob:
         this batch commits), None when it carries no rows; `batch_id` None when draining."""
         started = time.monotonic()
         report = BatchReport(batch_id)
+        if batch_id is not None and self._query_bound is not None and not self._query_bound.wait(QUERY_BIND_TIMEOUT):
+            raise RuntimeError("the streaming query's id was never bound (DeliveryJob.bind_query after start())")
         if batch_id is not None and already_committed(self.engine.snapshot(DELIVERIES.name), self.app_id, batch_id):
             report.skipped = True
             log.info(report.line())

@@ -2,7 +2,8 @@
 
 * ``checkpoint_for`` / ``app_id_for``: each engine streams from its own source, so each keeps
   its own checkpoint (and batch ids); the application transaction id is derived from the
-  checkpoint, so a job restarted on the same checkpoint recognises its own commits.
+  checkpoint and its streaming query's id, so a job restarted on the same checkpoint
+  recognises its own commits, and one on a new checkpoint (batch ids from 0 again) does not.
 * ``already_committed``: every commit into ``deliveries`` carries (app id, batch id); a batch
   Spark replays after a crash is one whose id is at most the recorded version, and is skipped
   (delta-rs records the version but does not skip a duplicate by itself: FACTS.md).
@@ -40,9 +41,19 @@ def checkpoint_for(checkpoint_path: str, engine_name: ConcreteEngine) -> str:
     return f"{checkpoint_path.rstrip('/')}/deliver{suffix}"
 
 
-def app_id_for(checkpoint: str) -> str:
-    """The application transaction id of the job that streams with this checkpoint."""
-    return "deltabus-deliver-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
+def app_id_for(checkpoint: str, query_id: str | None = None) -> str:
+    """The application transaction id of the job that streams with this checkpoint.
+
+    With `query_id` (the streaming query's id, which Spark keeps in the checkpoint and makes
+    anew when the checkpoint is new) a deleted or replaced checkpoint gets an id of its own.
+    Why: the path alone stayed the same across a deleted checkpoint while batch ids started
+    again at 0, so ``already_committed`` skipped every new batch up to the last id the old
+    checkpoint had recorded: a job that had run 5,000 batches delivered nothing for 5,000
+    triggers after its checkpoint was deleted, and said nothing (found by the chaos suite's
+    damaged-state scenario). Without it (a job driven without a streaming query, as tests
+    do): the path's id, as before."""
+    key = checkpoint if query_id is None else f"{checkpoint}\n{query_id}"
+    return "deltabus-deliver-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def already_committed(deliveries: Snapshot, app_id: str, batch_id: int) -> bool:

@@ -100,6 +100,7 @@ def run(
         server = JwksServer(lambda: tokens.jwks, settings.issuer, host=jwks_host, port=jwks_port).start()
         log.info("serving the push signing keys at %s", server.jwks_uri)
     _cheap_local_checkpoints(spark, job.checkpoint)
+    job.expect_query()
     query = (
         message_stream(spark, job.engine.name, job.engine.table_uri("messages"), settings.trigger_interval)
         .writeStream.queryName("deltabus-deliver")
@@ -108,6 +109,7 @@ def run(
         .trigger(processingTime=f"{settings.trigger_interval} seconds")
         .start()
     )
+    job.bind_query(str(query.id))
     log.info("delivering from %s (checkpoint %s)", job.engine.warehouse, job.checkpoint)
     started = time.monotonic()
     last_progress = started
