@@ -16,6 +16,13 @@ def test_each_engine_keeps_its_own_checkpoint_and_app_id():
     assert a != b and a == app_id_for("/w/_checkpoints/deliver")
 
 
+def test_a_new_checkpoint_at_the_same_path_gets_a_new_app_id():
+    # Its batch ids start at 0 again: they must not read as replays of the old checkpoint's.
+    first, again = app_id_for("/w/_checkpoints/deliver", "q-1"), app_id_for("/w/_checkpoints/deliver", "q-2")
+    assert first != again and first == app_id_for("/w/_checkpoints/deliver", "q-1")
+    assert first != app_id_for("/w/_checkpoints/deliver")
+
+
 def test_a_batch_is_a_replay_once_its_id_or_a_later_one_was_committed(warehouse):
     engine = open_engine(warehouse)
     assert not already_committed(engine.snapshot(DELIVERIES.name), "job", 0)
