@@ -13,8 +13,9 @@ to bench/results/<date>-chaos[-quick].json, or --out):
   ``refuse_seconds``) and one whose endpoint fails TLS until its push config is changed to a
   healthy one. ``jobs/deliver.py`` (through ./spark-submit.sh, its own process group) is
   SIGKILLed K times at random moments (whole group: the JVM, the driver, its Python workers;
-  every fourth kill only one push worker's Python process), restarted each time, then run
-  until the endpoint has acked every message of every subscription. Checked per
+  every fourth kill only one push worker's Python process), restarted each time, then, on a
+  deleted streaming checkpoint, run until the endpoint has acked every message of every
+  subscription and stopped with SIGTERM to its process group. Checked per
   subscription: 0 lost, 0 acked-then-redelivered without a kill in between, duplicates per
   kill (bounded by the push window in flight at the kill: at most ``MAX_WINDOW`` per
   subscription), and at the end the backlog agrees with the deliveries table (0 unacked).
@@ -181,6 +182,9 @@ class KillSettings:
     flaky_odds: float = 0.5  # the flaky endpoint's share of 500s (on a message's first tries)
     kill_worker_every: int = 4  # every n-th kill takes one push worker's Python process first
     finish_timeout: float = 1800.0
+    # Delete the job's streaming checkpoint before the last restart (damaged state: the new
+    # checkpoint's batch ids start at 0 again and must not be taken for replays).
+    delete_checkpoint: bool = True
     seed: int = 7
     behaviours: tuple[str, ...] = tuple(BEHAVIOURS) + ("tls",)
 
@@ -268,6 +272,12 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
             kill_log.append({"at": time.time(), "what": "job"})
             log(f"kills: kill {k + 1}/{s.kills} ({kill_log[-1]['what']}), endpoint saw {len(ep.records()):,} requests")
 
+        if s.delete_checkpoint:
+            import shutil
+
+            shutil.rmtree(Path(wh) / "_checkpoints", ignore_errors=True)
+            log("kills: the job's streaming checkpoint deleted before the last restart")
+        final_from = job_log.stat().st_size if job_log.exists() else 0
         job = start_job(wh, job_log)
         want = {kind: set(published[kind]) for kind in subs}
         deadline = time.time() + s.finish_timeout
@@ -307,9 +317,13 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
     out["acked_then_redelivered"] = sum(f["acked_then_redelivered"] for f in out["subscriptions"].values())
     out["duplicates"] = sum(f["duplicates"] for f in out["subscriptions"].values())
     out["backlog_agrees"] = all(f["backlog_agrees"] for f in out["subscriptions"].values())
+    # Batches of the last run skipped as "already committed" (none on a new checkpoint).
+    out["final_run_skipped_batches"] = job_log.read_text(errors="replace")[final_from:].count("already committed before a restart; skipped")
+    out["checkpoint_deleted"] = s.delete_checkpoint
     out["unexpected"] = _unexpected(job_log)
     out["unexpected_lines"] = _unexpected_lines(job_log)[:5]
-    out["ok"] = out["lost"] == 0 and out["acked_then_redelivered"] == 0 and out["backlog_agrees"]
+    out["ok"] = (out["lost"] == 0 and out["acked_then_redelivered"] == 0 and out["backlog_agrees"] and out["unexpected"] == 0
+                 and out["final_run_skipped_batches"] == 0)
     sub.close()
     return out
 
