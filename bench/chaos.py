@@ -1,14 +1,15 @@
 """The chaos suite (issue 16): faults injected again and again, invariants checked from the
 endpoint's and the clients' own records (``chaos_check``), never from deltabus's tables alone.
 
-    ./bench/chaos.sh [--quick] [--only kills,concurrent,skew] [--messages N] [--kills K]
+    ./bench/chaos.sh [--quick] [--only kills,concurrent,skew,disk,damaged] [--messages N] [--kills K]
                      [--processes P] [--seconds S] [--out STEM]
 
 Scenarios (each selectable with --only; each prints one summary line; the run writes JSON
 to bench/results/<date>-chaos[-quick].json, or --out):
 
-- ``kills``: N messages published, split evenly over topics with one push subscription
-  each, one per failing-endpoint behaviour (``chaos_endpoint``: healthy, 50% 500s, answers held past the ack deadline, a
+- ``kills``: N messages published over topics with one push subscription each, one per
+  failing-endpoint behaviour (``kill_shares``: 2,000 each for the failing ones, the rest
+  for the healthy one) (``chaos_endpoint``: healthy, 50% 500s, answers held past the ack deadline, a
   slow drip of the body, a 2xx with a huge body, connections refused for the first
   ``refuse_seconds``) and one whose endpoint fails TLS until its push config is changed to a
   healthy one. ``jobs/deliver.py`` (through ./spark-submit.sh, its own process group) is
@@ -29,6 +30,9 @@ to bench/results/<date>-chaos[-quick].json, or --out):
   exceptions (any traceback in a process's or the server's output, a raw CommitFailedError
   among them).
 - ``skew``: ``chaos_skew.run`` (pullers with wall clocks off by ±``skew`` seconds).
+- ``disk`` / ``damaged``: ``chaos_storage`` (a warehouse on a small tmpfs that fills up;
+  the push job's streaming checkpoint truncated or deleted, a table's ``_delta_log``
+  checkpoint file removed).
 
 The harness is not a test: tests/integration/test_chaos.py runs each scenario small.
 """
@@ -180,6 +184,7 @@ class KillSettings:
     max_gap: float = 15.0
     refuse_seconds: float = 60.0
     flaky_odds: float = 0.5  # the flaky endpoint's share of 500s (on a message's first tries)
+    failing_messages: int = 2_000  # messages for each failing behaviour's subscription (kill_shares)
     kill_worker_every: int = 4  # every n-th kill takes one push worker's Python process first
     finish_timeout: float = 1800.0
     # Delete the job's streaming checkpoint before the last restart (damaged state: the new
@@ -189,6 +194,8 @@ class KillSettings:
     behaviours: tuple[str, ...] = tuple(BEHAVIOURS) + ("tls",)
 
     def __post_init__(self) -> None:
+        if self.failing_messages < 1:
+            raise ValueError(f"failing_messages: must be >= 1, got {self.failing_messages}")
         if self.kill_worker_every < 1:
             raise ValueError(f"kill_worker_every: must be >= 1, got {self.kill_worker_every}")
         if self.messages < 1 or self.kills < 0:
@@ -202,6 +209,23 @@ def _tls_failing_url(port: int) -> str:
     return f"https://127.0.0.1:{port}/ok"
 
 
+def kill_shares(s: KillSettings) -> dict[str, int]:
+    """Messages per behaviour's subscription: ``failing_messages`` each for the failing ones
+    (at most an even split), the rest to the healthy one. Why not an even split: Pub/Sub's
+    push backoff paces a subscription by its nack fraction, and at 50% 500s it pushes
+    about once per 4.5 s, so 600 messages took ~100 s here; an even share of 1M would take
+    hours, and would measure the backoff, not the kills."""
+    even = s.messages // len(s.behaviours)
+    failing = [k for k in s.behaviours if k != "ok"]
+    each = min(even, s.failing_messages) if "ok" in s.behaviours else even
+    out = {k: each for k in failing}
+    if "ok" in s.behaviours:
+        out["ok"] = s.messages - each * len(failing)
+    else:
+        out[failing[0]] += s.messages - each * len(failing)
+    return out
+
+
 def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
     from deltabus import PublisherClient, SubscriberClient
     from deltabus.policy.push_window import MAX_WINDOW
@@ -213,13 +237,12 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
     job_log = scratch / "deliver.log"
     with ChaosEndpoint(scratch / "endpoint", EndpointSettings(deadline=ACK_DEADLINE, refuse_seconds=s.refuse_seconds, seed=s.seed,
                                                                          flaky_odds=s.flaky_odds)) as ep:
-        # One topic per subscription, the messages split evenly: N messages are N pushes to
-        # ack (one topic for all would make it N per subscription).
+        # One topic per subscription (kill_shares): N messages are N pushes to ack.
         subs: dict[str, str] = {}
         published: dict[str, list[str]] = {}
         t0 = time.time()
-        share = -(-s.messages // len(s.behaviours))
-        for j, kind in enumerate(s.behaviours):
+        shares = kill_shares(s)
+        for kind in s.behaviours:
             topic = pub.topic_path(PROJECT, f"kills-{kind}")
             pub.create_topic(name=topic)
             name = sub.subscription_path(PROJECT, f"push-{kind}")
@@ -230,7 +253,7 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
                                                              "oidc_token": {"service_account_email": "chaos@local.iam.gserviceaccount.com"}},
                                              "retry_policy": {"minimum_backoff": "1s", "maximum_backoff": "5s"}})
             subs[kind] = name
-            n_kind = max(0, min(share, s.messages - j * share))
+            n_kind = shares[kind]
             published[kind] = []
             for start in range(0, n_kind, 10_000):
                 n = min(10_000, n_kind - start)
@@ -490,7 +513,7 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
 
 
 # -- the command --------------------------------------------------------------------------------
-SCENARIOS = ("kills", "concurrent", "skew")
+SCENARIOS = ("kills", "concurrent", "skew", "disk", "damaged")
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,6 +528,7 @@ class Options:
     out: Path | None = None
     scratch: Path | None = None
     refuse_seconds: float = 60.0
+    failing_messages: int = 2_000
 
     def __post_init__(self) -> None:
         bad = [s for s in self.only if s not in SCENARIOS]
@@ -518,6 +542,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated scenarios ({', '.join(SCENARIOS)})")
     p.add_argument("--messages", type=int, help="messages for the kills scenario (default 1,000,000; --quick 20,000)")
     p.add_argument("--kills", type=int, help="job kills (default 20; --quick 4)")
+    p.add_argument("--failing-messages", type=int,
+                   help="messages for each failing endpoint's subscription in the kills scenario (default 2,000; --quick 300)")
     p.add_argument("--processes", type=int, help="client processes in the concurrent scenario (default 8; --quick 4)")
     p.add_argument("--seconds", type=float, help="seconds of the concurrent scenario (default 600; --quick 40)")
     p.add_argument("--skew", type=float, default=30.0, help="clock skew in seconds for the skew scenario (default 30)")
@@ -525,11 +551,23 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--out", type=Path, help="result stem (default bench/results/<date>-chaos[-quick])")
     p.add_argument("--scratch", type=Path, help="scratch directory (default: a new temp dir, removed)")
     a = p.parse_args(argv)
+    try:
+        return _options(a)
+    except ValueError as exc:  # one line naming the option, exit 2, nothing run
+        p.error(str(exc))
+
+
+def _options(a: argparse.Namespace) -> Options:
+    for name in ("messages", "kills", "processes", "failing_messages"):
+        v = getattr(a, name)
+        if v is not None and v < (0 if name == "kills" else 1):
+            raise ValueError(f"--{name.replace('_', '-')}: must be {'>= 0' if name == 'kills' else '>= 1'}, got {v}")
     return Options(
         only=tuple(x for x in a.only.split(",") if x), quick=a.quick,
         messages=a.messages or (20_000 if a.quick else 1_000_000), kills=a.kills if a.kills is not None else (4 if a.quick else 20),
         processes=a.processes or (4 if a.quick else 8), seconds=a.seconds or (40.0 if a.quick else 600.0), skew=a.skew,
         out=a.out, scratch=a.scratch, refuse_seconds=a.refuse_seconds if a.refuse_seconds is not None else (15.0 if a.quick else 60.0),
+        failing_messages=a.failing_messages or (300 if a.quick else 2_000),
     )
 
 
@@ -553,7 +591,8 @@ def summary(name: str, r: dict[str, Any]) -> str:
 def run(opts: Options, scratch: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"date": dt.date.today().isoformat(), "quick": opts.quick, "scenarios": {}}
     runners: dict[str, Callable[[Path], dict[str, Any]]] = {
-        "kills": lambda d: kills(d, KillSettings(opts.messages, opts.kills, refuse_seconds=opts.refuse_seconds)),
+        "kills": lambda d: kills(d, KillSettings(opts.messages, opts.kills, refuse_seconds=opts.refuse_seconds,
+                                                 failing_messages=opts.failing_messages)),
         "concurrent": lambda d: concurrent(d, ConcurrentSettings(opts.processes, opts.seconds)),
     }
     if "skew" in opts.only:
@@ -565,6 +604,11 @@ def run(opts: Options, scratch: Path) -> dict[str, Any]:
             return r
 
         runners["skew"] = skew
+    if "disk" in opts.only or "damaged" in opts.only:
+        from bench import chaos_storage  # written beside this harness
+
+        runners["disk"] = lambda d: chaos_storage.disk(d, messages=300 if opts.quick else 3_000)
+        runners["damaged"] = lambda d: chaos_storage.damaged(d, messages=50 if opts.quick else 500)
     for name in opts.only:
         d = scratch / name
         d.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ def job_kills_under_the_failing_endpoint_mix(tmp: Path) -> None:
     # the whole job; the last run on a deleted checkpoint. Fewer 500s than the bench's 50%:
     # the subscription's push backoff makes those the run's long tail (600 messages took
     # ~100 s at 50%).
-    r = kills(tmp, KillSettings(messages=700, kills=1, min_gap=1.5, max_gap=3.0, refuse_seconds=8.0, kill_worker_every=1,
+    r = kills(tmp, KillSettings(messages=700, kills=1, failing_messages=100, min_gap=1.5, max_gap=3.0, refuse_seconds=8.0, kill_worker_every=1,
                                 flaky_odds=0.2, finish_timeout=240.0))
     print(summary("kills", r))
     assert r["kills"] >= 2, r["kill_log"]  # a push worker kill and a job kill

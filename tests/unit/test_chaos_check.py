@@ -1,5 +1,8 @@
 """The chaos suite's invariant checks (bench/chaos_check.py): each must flag what it guards."""
 
+import pytest
+
+from bench.chaos import KillSettings, kill_shares, parse_args
 from bench.chaos_check import Ack, Receipt, check_pulls, check_pushes
 
 
@@ -56,3 +59,19 @@ def test_a_receipt_whose_pull_began_after_a_confirmed_ack_is_acked_then_redelive
 def test_published_but_never_acked_is_lost_and_unknown_ids_are_counted():
     r = check_pulls(["m", "n"], [Receipt("A", "x", 1, 2, 10)], [Ack("A", "m", 3)])
     assert (r["lost"], r["unknown_ids"]) == (1, 1)
+
+
+def test_kill_shares_give_the_failing_endpoints_their_count_and_the_healthy_one_the_rest():
+    shares = kill_shares(KillSettings(messages=1_000_000, kills=20))
+    assert sum(shares.values()) == 1_000_000 and shares["ok"] == 1_000_000 - 6 * 2_000
+    assert {k: v for k, v in shares.items() if k != "ok"} == dict.fromkeys(["flaky", "held", "drip", "huge", "refuse", "tls"], 2_000)
+    small = kill_shares(KillSettings(messages=70, kills=1))  # fewer than 2,000 each: an even split
+    assert set(small.values()) == {10} and sum(small.values()) == 70
+
+
+@pytest.mark.parametrize("argv, named", [(["--only", "kills,nosuch"], "--only"), (["--messages", "0"], "--messages"),
+                                          (["--kills", "-1"], "--kills")])
+def test_a_bad_chaos_option_is_one_line_naming_it_and_exit_2(argv, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
