@@ -9,14 +9,18 @@ from __future__ import annotations
 import asyncio
 
 import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable
 
 from deltabus import ackid
 from deltabus.delivery.model import Result
+from deltabus.errors import ClockUncertain
+from deltabus.policy.clock_skew import ClockSkewPolicy
 from deltabus.registry import Registry
 from deltabus.server import group_commit
 from deltabus.server.group_commit import GroupCommits, Granted, LeaseAsk, OutcomeAsk, run_round
 from deltabus.storage import open_engine
+from deltabus.storage.clock import StorageClock
 from deltabus.timestamps import to_us
 from tests.conftest import ManualClock
 
@@ -265,3 +269,55 @@ def test_a_kill_between_the_leases_append_and_the_acks_merge_loses_nothing(pub, 
     clock.advance(60.0)  # every lease ran out
     (again,) = run_round(engine, rec, [LeaseAsk(10, 10.0)], clock)
     assert sorted(i.message_id for i in _ids(again)) == sorted([x.message_id, *fresh])
+
+
+def _uncertain_clock(clock: ManualClock) -> StorageClock:
+    """A StorageClock over `clock` whose offset is known only to ±0.5 s, refusing leases
+    (max_uncertainty 0.1 s)."""
+    storage = StorageClock(clock, ClockSkewPolicy(max_uncertainty=0.1), monotonic=lambda: clock() - 1000.0)
+    storage.committed(clock() - 1.0, clock(), int((clock() - 0.5) * 1e9))  # one write timed to within 1 s
+    with pytest.raises(ClockUncertain):
+        storage.latest()
+    return storage
+
+
+def test_a_clock_refusal_fails_only_the_leases_and_extensions_acks_and_nacks_commit(
+    pub, sub, topic, subscription, warehouse, clock
+) -> None:
+    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(4)])
+    engine, rec = _setup(warehouse, clock, subscription)
+    (first,) = run_round(engine, rec, [LeaseAsk(3, 10.0)], clock)
+    x, y, z = _ids(first)
+    answers = run_round(engine, rec, [
+        OutcomeAsk((x,), None, True),  # ack
+        OutcomeAsk((y,), 0.0),  # nack
+        OutcomeAsk((z,), 30.0, True),  # extension: needs the storage's latest time
+        LeaseAsk(10, 10.0),
+    ], _uncertain_clock(clock))
+    assert answers[0] == [(x.message_id, x.delivery_attempt, Result.SUCCESS)] and answers[1] is None
+    assert isinstance(answers[2], ClockUncertain) and isinstance(answers[3], ClockUncertain)
+    rows = engine.snapshot("deliveries").read(["message_id", "lease_expires"], partition=rec.sub_uid)
+    lease = dict(zip(rows["message_id"].to_pylist(), pc.cast(rows["lease_expires"], "int64").to_pylist()))
+    assert x.message_id not in lease and lease[y.message_id] <= 1  # acked, nacked
+    assert lease[z.message_id] == to_us(clock() + 10.0)  # not extended
+    assert len(lease) == 3  # the 4th message was not leased
+
+
+def test_a_clock_refusal_in_a_served_round_fails_the_lease_caller_alone(
+    pub, sub, topic, subscription, warehouse, clock
+) -> None:
+    pub.publish_batch(topic, [{"data": b"a"}, {"data": b"b"}])
+    engine, rec = _setup(warehouse, clock, subscription)
+    (first,) = run_round(engine, rec, [LeaseAsk(1, 10.0)], clock)
+    (x,) = _ids(first)
+    commits = GroupCommits(engine, lambda name: Registry(engine, clock=clock).subscription(name), _uncertain_clock(clock))
+
+    async def scenario() -> None:
+        ack = asyncio.ensure_future(commits.acknowledge(subscription, [x], want_results=True))
+        lease = asyncio.ensure_future(commits.lease(subscription, 5, 10.0))
+        assert await ack == [(x.message_id, x.delivery_attempt, Result.SUCCESS)]
+        with pytest.raises(ClockUncertain):
+            await lease
+        assert commits.rounds == 1
+
+    asyncio.run(scenario())

@@ -45,7 +45,11 @@ Contract.
   another subscription (or an earlier incarnation of this one) are ignored, with an
   INVALID_ACK_ID result. A failing round (the subscription deleted: NotFound; a storage
   error) fails every call in it with the same error, except the lease callers of a split
-  round already answered after their commit (the outcome callers then fail alone).
+  round already answered after their commit (the outcome callers then fail alone). A
+  clock known too loosely to set deadlines (``ClockUncertain``, storage/clock.py) is no
+  round failure: it is decided once before the commit, the round's lease asks and deadline
+  extensions are answered with it (their callers alone fail, and retry), and its acks and
+  nacks commit.
 - ``listen(fn)``: fn(ack ids, seconds) is called on the event loop when an outcome is
   submitted (seconds None = ack, 0 = nack): StreamingPull's flow control counts a message
   done when its ack arrives, whichever path it takes.
@@ -80,7 +84,7 @@ from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
 from ..delivery.selection import read_candidates, select
-from ..errors import FailedPrecondition
+from ..errors import ClockUncertain, FailedPrecondition
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
@@ -160,14 +164,21 @@ def run_round(
     lease_idx = [i for i, a in enumerate(asks) if isinstance(a, LeaseAsk)]
     out_idx = [i for i, a in enumerate(asks) if isinstance(a, OutcomeAsk)]
     lease_asks = [a for a in asks if isinstance(a, LeaseAsk)]
-    outcome_asks = [a for a in asks if isinstance(a, OutcomeAsk)]
+    all_outcome_asks = [a for a in asks if isinstance(a, OutcomeAsk)]
     policy = hooks_for(sub)
     dead: dead_letter.DeadLetterMover | None = None
     push = sub.push_config.is_push  # pull needs an empty push endpoint: no leases, outcomes still apply
     wants = [0 if push else max(0, a.max_messages) for a in lease_asks]
-    room = min(sum(wants), max_leases)
+    # A clock known too loosely (ClockUncertain) is decided once, before the commit: the
+    # lease asks and deadline extensions (which need the storage's latest time) are answered
+    # with it alone; the round's acks and nacks still commit (the caller's other calls too).
+    extends = [a.seconds is not None and a.seconds > 0 for a in all_outcome_asks]
+    refused = _clock_refusal(clock) if (not push and sum(wants) > 0) or any(extends) else None
+    room = 0 if refused is not None else min(sum(wants), max_leases)
     if room > 0:  # as pull: finish unfinished moves first; a missing topic drops give_up
         policy, dead = dead_letter.prepare(engine, sub, policy, clock)
+    kept = [not (refused is not None and e) for e in extends]
+    outcome_asks = [a for a, k in zip(all_outcome_asks, kept) if k]
     flat = [Outcome(i.message_id, i.delivery_attempt, a.seconds, i.message_version)
             for a in outcome_asks for i in a.ids if i.sub_uid == uid]
     winners = resolve(flat)
@@ -222,6 +233,9 @@ def run_round(
         if push:
             answers[i] = FailedPrecondition(f"{sub.name} is a push subscription; pull needs an empty push endpoint")
             continue
+        if refused is not None:
+            answers[i] = refused
+            continue
         got = received_messages(uid, sub.name, [leases[k] for k in decided.assign[j]], payloads, with_attempts=with_attempts)
         answers[i] = Granted(got, decided.now + lease_secs[j], sub.enable_exactly_once_delivery)
     applied = decided.applied
@@ -235,7 +249,10 @@ def run_round(
             return applied
 
         applied = engine.transact(DELIVERIES.name, outcomes, what=f"group commit {sub.name}")
-    for a, i, asked in zip(outcome_asks, out_idx, wanted):
+    for i, k in zip(out_idx, kept):
+        if not k:
+            answers[i] = refused
+    for a, i, asked in zip(outcome_asks, [i for i, k in zip(out_idx, kept) if k], wanted):
         if asked and applied is not None:
             ok = applied
             answers[i] = [
@@ -246,6 +263,15 @@ def run_round(
                 for x in a.ids
             ]
     return answers
+
+
+def _clock_refusal(clock: Callable[[], float]) -> ClockUncertain | None:
+    """The ``ClockUncertain`` a deadline from `clock` would raise now, or None."""
+    try:
+        deadline(clock, clock(), 0.0)
+    except ClockUncertain as exc:
+        return exc
+    return None
 
 
 def _payloads(engine: Engine, topic_uid: str, ids: list[str], cache: PayloadCache | None) -> dict[str, dict[str, Any]]:
