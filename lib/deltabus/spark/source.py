@@ -80,11 +80,10 @@ def read_range(p: VersionRange) -> Iterator[pa.RecordBatch]:
     if p.marker:
         yield _marker(p)
         return
-    from deltalake import DeltaTable
-
     from ..storage.arrow import plain
+    from ..storage.log_repair import open_table
 
-    dt = DeltaTable(p.uri)
+    dt = open_table(p.uri)
     cols = ["topic_uid", "message_id", "publish_time", "ordering_key", "size_bytes", "_change_type", "_commit_version"]
     table = plain(dt.load_cdf(starting_version=p.first, ending_version=p.last, columns=cols))
     if table.num_rows == 0:
@@ -144,9 +143,9 @@ class MessagesStreamReader(DataSourceStreamReader):
 
 
 def _read_version(uri: str) -> int:
-    from deltalake import DeltaTable
+    from ..storage.log_repair import open_table
 
-    return DeltaTable(uri).version()
+    return open_table(uri).version()
 
 
 def _latest(uri: str) -> int:

@@ -51,7 +51,7 @@ def scan_threads(uri: str) -> bool:
 
 def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
     """The latest version of a Delta table as a plain pyarrow table (a one-off read)."""
-    from deltalake import DeltaTable
+    from .log_repair import open_table
 
-    dt = DeltaTable(uri)
+    dt = open_table(uri)
     return plain(dataset(dt, uri).to_table(columns=columns, use_threads=scan_threads(uri)))

@@ -21,6 +21,7 @@ from ..errors import Aborted, StorageFull
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .clock import CommitObserver, local_folder
+from .log_repair import open_table
 from .maintenance import AutoCompact, LogCleanup, clean_log, compact, file_count
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
@@ -406,7 +407,7 @@ class DeltaRsEngine:
 
     def _open(self, table: str) -> DeltaTable:
         """A new handle on the table's latest version."""
-        return DeltaTable(self.table_uri(table), storage_options=self._storage_options)
+        return open_table(self.table_uri(table), self._storage_options)
 
     def _handle(self, table: str) -> DeltaTable:
         handles: dict[str, DeltaTable] | None = getattr(self._local, "handles", None)
@@ -415,10 +416,10 @@ class DeltaRsEngine:
         dt = handles.get(table)
         if dt is None:
             try:
-                dt = DeltaTable(self.table_uri(table), storage_options=self._storage_options)
+                dt = open_table(self.table_uri(table), self._storage_options)
             except TableNotFoundError:
                 self.ensure_tables()
-                dt = DeltaTable(self.table_uri(table), storage_options=self._storage_options)
+                dt = open_table(self.table_uri(table), self._storage_options)
             handles[table] = dt
         else:
             dt.update_incremental()

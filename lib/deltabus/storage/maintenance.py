@@ -106,6 +106,7 @@ def maintain_warehouse(
     from deltalake.exceptions import CommitFailedError
 
     from ..errors import InvalidArgument, StorageFull
+    from .log_repair import open_table
     from .tables import ALL
 
     if retention_hours < 0:
@@ -120,7 +121,7 @@ def maintain_warehouse(
         if not DeltaTable.is_deltatable(uri):
             continue
         try:
-            dt = DeltaTable(uri)
+            dt = open_table(uri)
             col = spec.partition_column
             actions = pa.table(dt.get_add_actions(flatten=True))
             before = actions.num_rows
@@ -152,9 +153,9 @@ def maintain_warehouse(
 def first_commit_since(table_uri: str, version: int, storage_options: Mapping[str, str] | None = None) -> float | None:
     """The time (seconds since the epoch) of the earliest commit at or after `version` of the
     table, from its log's history; None when there is none (`version` is past the end)."""
-    from deltalake import DeltaTable
+    from .log_repair import open_table
 
-    dt = DeltaTable(table_uri, storage_options=dict(storage_options) if storage_options else None)
+    dt = open_table(table_uri, storage_options)
     if version > dt.version():
         return None
     stamps = [h["timestamp"] for h in dt.history() if h.get("version", -1) >= version and "timestamp" in h]
