@@ -18,7 +18,15 @@ Where the estimate comes from, on a warehouse on a local or network file system:
 
 Where it does not apply: a warehouse on an object store (its URI has a scheme): nothing
 here reads an object's Last-Modified, so the clock is the local one, as before, and one
-warning says so. The same when a probe cannot be written (a read-only folder).
+warning says so. The same when a probe cannot be written (a read-only folder; the
+deliveries table's folder is tried after the warehouse's).
+
+Recovering. A failed probe is not tried again for ``refresh_seconds`` (a probe on a slow
+network file system costs a round trip). ``latest`` tries one fresh probe before it refuses
+(at most one a second: an idle process whose estimate drifted too wide would otherwise be
+refused forever, a refused pull committing nothing to observe), and its refusal names the
+probe's failure. A local clock stepping back between the two readings of an observation
+(after < before) is a step: the estimate starts again from the next observation.
 
 Thread-safe: the engine's committing threads report while others read.
 """
@@ -32,6 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import ClockUncertain
+from .tables import DELIVERIES
 from ..policy.clock_skew import (ClockSkewPolicy, Estimate, Interval, bounds, combine, current, granularity_of, observed, refusal,
                                  usable)
 
@@ -41,6 +50,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 PROBE_PREFIX = ".deltabus-clock-"
+# The fewest seconds between two probes ``latest`` makes before refusing a lease.
+REFUSAL_PROBE_SECONDS = 1.0
 
 
 class CommitObserver(Protocol):
@@ -80,6 +91,10 @@ class StorageClock:
         self._lock = threading.Lock()
         self._estimate: Estimate | None = None
         self._folder: str | None = None
+        self._fallback: str | None = None  # the deliveries table's folder: probed when the warehouse's cannot be
+        self._failed_at: float | None = None  # monotonic reading of the last failed probe (backing off)
+        self._refusal_probe_at: float | None = None  # monotonic reading of the last probe latest() made
+        self._probe_error: str | None = None  # why the last probe failed (None: it did not)
         self._unavailable: str | None = "no warehouse attached yet"
         self._warned = False
         self._engines: list[int] = []
@@ -99,6 +114,8 @@ class StorageClock:
             if folder is not None and self._folder is None:
                 self._folder = folder
                 self._unavailable = None
+                table = local_folder(engine.table_uri(DELIVERIES.name))
+                self._fallback = table if table is not None and table != folder else None
             elif folder is None and self._folder is None:
                 self._unavailable = f"the warehouse {engine.warehouse} is not on a file system (no storage stamps read)"
         engine.observe_commits(self)
@@ -124,8 +141,15 @@ class StorageClock:
         if offset is None:
             return local
         reason = refusal(offset, self.policy)
+        if reason is not None and self._refusal_probe():  # a fresh observation may narrow it
+            offset, local = self._now()
+            if offset is None:
+                return local
+            reason = refusal(offset, self.policy)
         if reason is not None:
-            raise ClockUncertain(f"lease refused: {reason}")
+            with self._lock:
+                failed = self._probe_error
+            raise ClockUncertain(f"lease refused: {reason}" + (f"; the last probe of the storage failed: {failed}" if failed else ""))
         with self._lock:
             self.widest_pad = max(self.widest_pad, offset.width)
         return local + offset.high
@@ -165,14 +189,49 @@ class StorageClock:
             folder = self._folder
         if offset is not None:
             return offset, local
-        if folder is None or not self._probe(folder):
+        if folder is None or self._backing_off(mono) or not self._probe(folder):
             self._warn()
         mono, local = self._read()
         with self._lock:  # fresh after a probe; else a stale estimate still holds, widened by drift
             return usable(self._estimate, local, mono, self.policy), local
 
+    def _backing_off(self, mono: float) -> bool:
+        """Whether a probe failed less than ``refresh_seconds`` ago (not tried again yet)."""
+        with self._lock:
+            return self._failed_at is not None and mono - self._failed_at < self.policy.refresh_seconds
+
+    def _refusal_probe(self) -> bool:
+        """One fresh probe before a refusal (at most one per REFUSAL_PROBE_SECONDS; none
+        while backing off from a failed one); whether it observed the storage."""
+        mono = self._mono()
+        with self._lock:
+            folder = self._folder
+            if folder is None or (self._refusal_probe_at is not None and mono - self._refusal_probe_at < REFUSAL_PROBE_SECONDS):
+                return False
+            self._refusal_probe_at = mono
+        return not self._backing_off(mono) and self._probe(folder)
+
     def _probe(self, folder: str) -> bool:
-        """Write, stamp-read and delete a small file in `folder`; observe its stamp."""
+        """Write, stamp-read and delete a small file in `folder` (the deliveries table's
+        folder when that fails); observe its stamp. A failure backs off (``_backing_off``)."""
+        with self._lock:
+            fallback = self._fallback
+        error = self._probe_in(folder)
+        if error is not None and fallback is not None and self._probe_in(fallback) is None:
+            with self._lock:  # the warehouse's folder is not writable: the table's is from now on
+                self._folder, self._fallback = fallback, None
+            error = None
+        with self._lock:
+            self._probe_error = error
+            if error is None:
+                self._failed_at = None
+                return True
+            self._failed_at = self._mono()
+            self._unavailable = error
+            return False
+
+    def _probe_in(self, folder: str) -> str | None:
+        """One probe in `folder`: None when its stamp was observed, else why not."""
         path = os.path.join(folder, f"{PROBE_PREFIX}{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}")
         try:
             before = self._local()
@@ -181,9 +240,7 @@ class StorageClock:
             after = self._local()
             stamp_ns = os.stat(path).st_mtime_ns
         except OSError as exc:
-            with self._lock:
-                self._unavailable = f"cannot write a probe in {folder}: {exc}"
-            return False
+            return f"cannot write a probe in {folder}: {exc}"
         finally:
             try:
                 os.unlink(path)
@@ -192,9 +249,16 @@ class StorageClock:
         with self._lock:
             self.probes += 1
         self._observe(before, after, stamp_ns)
-        return True
+        return None
 
     def _observe(self, before: float, after: float, stamp_ns: int) -> None:
+        if after < before:  # the local clock stepped back between the readings: start again from the next observation
+            with self._lock:
+                if self._estimate is not None:
+                    self._estimate = None
+                    self.restarts += 1
+            log.debug("storage clock: the local clock stepped back during an observation (%s < %s)", after, before)
+            return
         mono, local = self._read()
         seen = observed(before, after, stamp_ns / 1e9, granularity_of(stamp_ns, self.policy.granularity))
         with self._lock:
