@@ -175,3 +175,46 @@ def test_with_exactly_once_a_future_fails_when_the_setting_cannot_be_read():
     got = _futures_of(Flaky(), 1, "ack")
     (only,) = got.values()
     assert isinstance(only, AcknowledgeError) and only.error_code is AcknowledgeStatus.OTHER
+
+
+def test_an_uncertain_clock_is_retried_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ClockUncertain from a pull or an extension (a lease refused while the storage's time
+    is known too loosely) is waited out: the stream keeps its messages and goes on."""
+    from deltabus.errors import ClockUncertain
+    from deltabus.subscriber import streaming_pull
+
+    monkeypatch.setattr(streaming_pull, "CLOCK_RETRY_SECONDS", 0.01, raising=False)
+    monkeypatch.setattr(streaming_pull.lease_policy, "next_pass_delay", lambda deadline, rand: 0.05)  # extend often
+
+    class Uncertain(ListLeaseOps):
+        def __init__(self) -> None:
+            super().__init__(3)
+            self.refusals = {"pull": 2, "extend": 2}
+
+        def _refuse(self, what: str) -> None:
+            with self.lock:
+                if self.refusals[what] > 0:
+                    self.refusals[what] -= 1
+                    raise ClockUncertain("lease refused: known only to ±3 s")
+
+        def pull(self, max_messages: int, lease_seconds: int) -> Sequence[ReceivedMessage]:
+            self._refuse("pull")
+            return super().pull(max_messages, lease_seconds)
+
+        def modify_deadline(self, ack_ids: Sequence[str], seconds: int) -> None:
+            if seconds > 0:
+                self._refuse("extend")
+            super().modify_deadline(ack_ids, seconds)
+
+    ops = Uncertain()
+    release = threading.Event()
+    manager = _run(ops, lambda m: (release.wait(5), m.ack()), 3)
+    end = time.monotonic() + 5
+    while (ops.refusals["extend"] or not ops.deadlines) and time.monotonic() < end:
+        time.sleep(0.01)
+    assert ops.refusals == {"pull": 0, "extend": 0} and not manager.future.done()
+    release.set()
+    while len(ops.acked) < 3 and time.monotonic() < end:
+        time.sleep(0.01)
+    assert sorted(ops.acked) == ["ack-0", "ack-1", "ack-2"] and not manager.future.done()
+    manager.close()

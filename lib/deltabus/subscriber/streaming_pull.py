@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from concurrent.futures import Future
 from typing import Callable, Literal, Mapping, NamedTuple, Protocol, Sequence
 
-from ..errors import AcknowledgeError, AcknowledgeStatus, FailedPrecondition, NotFound
+from ..errors import AcknowledgeError, AcknowledgeStatus, ClockUncertain, FailedPrecondition, NotFound
 from ..policy import flow_control as fc
 from ..policy import leases as lease_policy
 from ..policy.histogram import Histogram
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 _BATCH_WAIT = 0.05
 _MAX_BATCH = 2500
 _IDLE_WAIT = 1.0  # the longest wait for a change after an empty pull (LeaseOps may wait less)
+# Seconds before a lease or extension refused for an uncertain clock (ClockUncertain) is asked again.
+CLOCK_RETRY_SECONDS = 1.0
 
 # What a callback asks of the dispatcher; "stop" (no message) ends it after the batch it is in.
 RequestKind = Literal["ack", "nack", "modack", "stop"]
@@ -148,6 +150,7 @@ class StreamingPullManager:
         self._submit_lock = threading.Lock()
         self._closing = False
         self._close_lock = threading.Lock()
+        self._clock_warned = False
         self.future = StreamingPullFuture(self.close)
         self._threads = [
             threading.Thread(target=self._guard(self._consume), name="deltabus-consumer", daemon=True),
@@ -306,6 +309,9 @@ class StreamingPullManager:
                 received = self._ops.pull(min(room, 1000), deadline)
             except NotFound:
                 raise
+            except ClockUncertain as exc:  # retryable: the clock is re-read (and the storage probed) next time
+                self._clock_refused(exc)
+                continue
             now = self._clock()
             if not received:
                 self._ops.wait_for_change(_IDLE_WAIT, self._stop)
@@ -338,19 +344,35 @@ class StreamingPullManager:
                 self._release(ack_id)
             with self._lock:
                 ack_ids = list(self._held)
-            if ack_ids and exactly_once:
-                # Extended only with confirmation: a lease that did not extend (it ran out and
-                # the message went to another delivery) is let go; its ack would fail.
-                results = self._ops.modify_deadline_results(ack_ids, deadline)
-                lost = [a for a in ack_ids if results.get(a) is not AcknowledgeStatus.SUCCESS]
-                if lost:
-                    log.info("%d leases on %s could not be extended (delivered again elsewhere); letting them go",
-                             len(lost), self._subscription)
-                for ack_id in lost:
-                    self._release(ack_id)
-            elif ack_ids:
-                self._ops.modify_deadline(ack_ids, deadline)
+            try:
+                self._extend(ack_ids, exactly_once, deadline)
+            except ClockUncertain as exc:  # retryable: extend again soon, the held messages are kept
+                self._clock_refused(exc)
+                continue
             self._stop.wait(lease_policy.next_pass_delay(deadline, self._rand()))
+
+    def _clock_refused(self, exc: ClockUncertain) -> None:
+        """A lease or extension refused for a clock known too loosely (``ClockUncertain``):
+        logged once per stream, then retried after CLOCK_RETRY_SECONDS (never fatal)."""
+        with self._lock:
+            first, self._clock_warned = not self._clock_warned, True
+        if first:
+            log.warning("streaming pull on %s: %s; retrying every %g s", self._subscription, exc, CLOCK_RETRY_SECONDS)
+        self._stop.wait(CLOCK_RETRY_SECONDS)
+
+    def _extend(self, ack_ids: list[str], exactly_once: bool, deadline: int) -> None:
+        if ack_ids and exactly_once:
+            # Extended only with confirmation: a lease that did not extend (it ran out and
+            # the message went to another delivery) is let go; its ack would fail.
+            results = self._ops.modify_deadline_results(ack_ids, deadline)
+            lost = [a for a in ack_ids if results.get(a) is not AcknowledgeStatus.SUCCESS]
+            if lost:
+                log.info("%d leases on %s could not be extended (delivered again elsewhere); letting them go",
+                         len(lost), self._subscription)
+            for ack_id in lost:
+                self._release(ack_id)
+        elif ack_ids:
+            self._ops.modify_deadline(ack_ids, deadline)
 
     def _dispatch_requests(self) -> None:
         stopping = False
