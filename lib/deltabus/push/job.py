@@ -54,7 +54,7 @@ from ..registry import Registry, SubscriptionRecord
 from ..errors import ClockUncertain
 from ..policy.clock_skew import ClockSkewPolicy
 from ..storage import Engine, Snapshot, open_engine
-from ..storage.clock import StorageClock, deadline, resolve_clock, wall
+from ..storage.clock import StorageClock, deadline, local_deadline, resolve_clock, wall
 from ..storage.tables import BACKLOG, DELIVERIES
 from . import plan
 from .auth import TokenSource
@@ -339,10 +339,13 @@ class DeliveryJob:
         leased_at: float,
         lease_expires: Mapping[str, float],
     ) -> int:
-        """Queue the leases' requests for the push workers (started on first use); how many."""
+        """Queue the leases' requests for the push workers (started on first use); how many.
+        Their `lease_expires` is on this host's clock (``local_deadline``): the workers and
+        the ledger judge it with their own clocks, not storage time."""
         sent = 0
         for uid, items in leases.items():
-            table = self.requests.build(subs[uid], items, leased_at, lease_expires.get(uid))
+            ends = lease_expires.get(uid)
+            table = self.requests.build(subs[uid], items, leased_at, None if ends is None else local_deadline(self._clock, ends))
             if table.num_rows == 0:
                 continue
             pool = self._start_pool()

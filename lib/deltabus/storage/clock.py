@@ -154,6 +154,10 @@ class StorageClock:
             self.widest_pad = max(self.widest_pad, offset.width)
         return local + offset.high
 
+    def offset(self) -> Interval | None:
+        """The offset bounds (storage - local) now, however wide; None: none known."""
+        return self._now()[0]
+
     def describe(self) -> dict[str, Any]:
         """The estimate now, for reports: offset (storage - local) and its error bars, seconds."""
         mono, local = self._read()
@@ -282,6 +286,18 @@ def deadline(clock: Callable[[], float], now: float, seconds: float) -> float:
     if isinstance(clock, StorageClock):
         return max(now, clock.latest()) + seconds
     return now + seconds
+
+
+def local_deadline(clock: Callable[[], float], storage_deadline: float) -> float:
+    """A deadline set in storage time (a lease's end, ``deadline``) on this host's own clock
+    (``wall(clock)``), for code that judges it with that clock (push workers, the push
+    ledger): no later than the storage time truly reaches it (less the offset's high
+    bound). Unchanged when `clock` is no ``StorageClock`` or no offset is known."""
+    if isinstance(clock, StorageClock):
+        offset = clock.offset()
+        if offset is not None:
+            return storage_deadline - offset.high
+    return storage_deadline
 
 
 def wall(clock: Callable[[], float]) -> Callable[[], float]:
