@@ -42,3 +42,17 @@ def test_the_job_hands_the_workers_lease_ends_on_its_own_clock() -> None:
     assert DeliveryJob._launch(job, {"u": object()}, {"u": [("m", 1)]}, 1_030.0, {"u": 1_040.0}) == 1  # type: ignore[arg-type]
     # A worker on this host judges it with time.time: expired when the storage's 1,040 may have come.
     assert built == [pytest.approx(1_040.0 - 30.025)]
+
+
+def test_push_tokens_are_stamped_with_this_host_s_clock(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A token's iat/exp come from the local clock (storage.clock.wall), not the storage's
+    earliest possible time."""
+    from deltabus import config
+    from deltabus.storage import open_engine
+
+    local = ManualClock(1_000.0)
+    engine = open_engine(str(tmp_path / "warehouse"), engine="delta-rs")
+    settings = config.Settings(warehouse=str(tmp_path / "warehouse"), allow_http=True, engine="delta-rs")
+    job = DeliveryJob(None, settings, engine=engine, clock=local, clock_skew=ClockSkewPolicy())  # type: ignore[arg-type]
+    assert isinstance(job._clock, StorageClock) and job._clock() != local()  # the storage is ~56 years ahead
+    assert job.requests._clock() == local()

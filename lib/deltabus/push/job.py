@@ -150,7 +150,7 @@ class DeliveryJob:
         self.pacer = CommitPacer(pacing, clock())
         self.commit_times = CommitTimes()  # how long this job's commits take: leases start after them
         self._held_leases = False  # the last commit leased nothing to fan a backlog out first
-        self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=clock)
+        self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=wall(clock))  # tokens: iat/exp
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
         self._pool: PushPool | None = None  # started with the first pushes
