@@ -326,10 +326,14 @@ def damaged(scratch: Path, messages: int, steps_wanted: tuple[str, ...] = STEPS)
                 gone += [f"{t}/_delta_log/{g}" for g in _remove_log_checkpoints(Path(wh) / t)]
             return "removed " + ", ".join(gone)
 
-        def delete_hint() -> str:  # the fix for a missing log checkpoint, while every commit file since version 0 is kept
+        def delete_hint() -> str:  # what storage.log_repair does by itself when the hint names a missing checkpoint
+            gone = []
             for t in ("deliveries", "messages"):
-                (Path(wh) / t / "_delta_log" / "_last_checkpoint").unlink()
-            return "deleted deliveries/_delta_log/_last_checkpoint and messages/_delta_log/_last_checkpoint"
+                hint = Path(wh) / t / "_delta_log" / "_last_checkpoint"
+                if hint.exists():
+                    hint.unlink()
+                    gone.append(f"{t}/_delta_log/_last_checkpoint")
+            return "deleted " + (", ".join(gone) or "nothing (already repaired)")
 
         damages = {"offsets truncated": truncate_offsets, "commits halved": halve_commits, "checkpoint deleted": delete_checkpoint,
                    "delta log checkpoints removed": remove_log_checkpoints, "last checkpoint hint deleted": delete_hint}

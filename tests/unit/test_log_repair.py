@@ -13,7 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from deltabus import PublisherClient, SubscriberClient
 from deltabus.errors import FailedPrecondition
-from deltabus.storage.log_repair import open_table
+from deltabus.storage.log_repair import drop_stale_hint, open_table
 
 
 def table_with_two_checkpoints(uri: str) -> list[str]:
@@ -58,11 +58,25 @@ def test_the_clients_read_a_warehouse_whose_checkpoints_were_removed(tmp_path):
     pub.create_topic(name=topic)
     sub.create_subscription(name=name, topic=topic)
     ids = pub.publish_batch(topic, [{"data": b"x"}] * 3)
+    sub.get_backlog(name)  # every table's handle open in these clients
     for t in ("messages", "deliveries", "subscriptions"):
         DeltaTable(f"{wh}/{t}").create_checkpoint()
         for f in glob.glob(f"{wh}/{t}/_delta_log/*.checkpoint.parquet"):
             os.remove(f)
-    pub2, sub2 = PublisherClient(warehouse=wh), SubscriberClient(warehouse=wh)  # fresh handles
-    ids += pub2.publish_batch(topic, [{"data": b"y"}])
-    got = sub2.pull(subscription=name, max_messages=10).received_messages
+    # The clients' handles, opened before, and fresh clients both read on.
+    ids += pub.publish_batch(topic, [{"data": b"y"}])
+    got = sub.pull(subscription=name, max_messages=10).received_messages
     assert sorted(m.message.message_id for m in got) == sorted(ids)
+    sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in got])
+    fresh = SubscriberClient(warehouse=wh)
+    assert fresh.get_backlog(name).num_unacked_messages == 0
+
+
+def test_drop_stale_hint_removes_only_a_hint_whose_checkpoint_is_gone(tmp_path):
+    uri = str(tmp_path / "t")
+    checkpoints = table_with_two_checkpoints(uri)
+    assert drop_stale_hint(uri) is False and os.path.exists(f"{uri}/_delta_log/_last_checkpoint")
+    os.remove(checkpoints[-1])
+    assert drop_stale_hint(uri) is True and not os.path.exists(f"{uri}/_delta_log/_last_checkpoint")
+    assert drop_stale_hint(uri) is False  # nothing left to mend
+    assert DeltaTable(uri).version() == 7

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import Settings
-from ..errors import InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument
 from ..spark.source import message_stream, register
 from ..storage import Engine
+from . import checkpoint_damage
 from .job import DeliveryJob, RunSummary
 from .jwks_server import JwksServer
 from .pool import pool_size
@@ -100,22 +101,45 @@ def run(
         server = JwksServer(lambda: tokens.jwks, settings.issuer, host=jwks_host, port=jwks_port).start()
         log.info("serving the push signing keys at %s", server.jwks_uri)
     _cheap_local_checkpoints(spark, job.checkpoint)
-    job.expect_query()
-    query = (
-        message_stream(spark, job.engine.name, job.engine.table_uri("messages"), settings.trigger_interval)
-        .writeStream.queryName("deltabus-deliver")
-        .foreachBatch(job.on_batch)
-        .option("checkpointLocation", job.checkpoint)
-        .trigger(processingTime=f"{settings.trigger_interval} seconds")
-        .start()
-    )
-    job.bind_query(str(query.id))
+
+    def start_query() -> Any:  # a StreamingQuery (its stub types awaitTermination's timeout as int)
+        job.expect_query()
+        started_query = (
+            message_stream(spark, job.engine.name, job.engine.table_uri("messages"), settings.trigger_interval)
+            .writeStream.queryName("deltabus-deliver")
+            .foreachBatch(job.on_batch)
+            .option("checkpointLocation", job.checkpoint)
+            .trigger(processingTime=f"{settings.trigger_interval} seconds")
+            .start()
+        )
+        job.bind_query(str(started_query.id))
+        return started_query
+
+    query = start_query()
     log.info("delivering from %s (checkpoint %s)", job.engine.warehouse, job.checkpoint)
     started = time.monotonic()
     last_progress = started
+    set_aside_once = False
     try:
         while True:
-            if query.awaitTermination(0.2):
+            try:
+                ended = query.awaitTermination(0.2)
+            except Exception as exc:  # the query failed: a damaged checkpoint is set aside once (checkpoint_damage)
+                reason = checkpoint_damage.damage(str(exc), job.checkpoint)
+                if reason is None or set_aside_once:
+                    raise
+                set_aside_once = True
+                moved = checkpoint_damage.set_aside(job.checkpoint, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+                if moved is None:
+                    raise FailedPrecondition(
+                        f"the push job's streaming checkpoint {job.checkpoint} is damaged ({reason}); delete it and start "
+                        "the job again: nothing is lost, fan-out follows each subscription's cursor"
+                    ) from None
+                log.warning("the streaming checkpoint %s is damaged (%s); moved it to %s and started a new one "
+                            "(nothing is lost: fan-out follows each subscription's cursor)", job.checkpoint, reason, moved)
+                query = start_query()
+                continue
+            if ended:
                 job.summary.stopped_because = "the query ended"
                 break
             now = time.monotonic()

@@ -14,6 +14,8 @@ cannot be read without that checkpoint either (the commits before it were cleane
 object store nothing is deleted: ``FailedPrecondition`` names the hint to delete.
 
 Another process repairing the same table at once is harmless (the hint is gone either way).
+``drop_stale_hint(uri)`` is the repair alone, for a reader that hit the error on a table it
+already had open (the delta-rs engine's ``transact`` reruns its work after it, once).
 """
 
 from __future__ import annotations
@@ -47,6 +49,30 @@ def _hinted_version(hint: str) -> str:
         return "?"
 
 
+def drop_stale_hint(uri: str) -> bool:
+    """Delete the table's ``_last_checkpoint`` when no checkpoint file of the version it names
+    exists (local file systems only); True when one was deleted. Any other error a reader
+    raises is not this module's to mend."""
+    folder = _local(uri)
+    if folder is None:
+        return False
+    log_dir = os.path.join(folder, "_delta_log")
+    hint = os.path.join(log_dir, "_last_checkpoint")
+    version = _hinted_version(hint)
+    if not version.isdigit():
+        return False
+    prefix = f"{int(version):020d}.checkpoint."
+    try:
+        if any(name.startswith(prefix) for name in os.listdir(log_dir)):
+            return False
+        os.remove(hint)
+    except FileNotFoundError:
+        return False  # another process removed it first
+    log.warning("%s: _delta_log/_last_checkpoint named checkpoint version %s, whose file is missing; "
+                "removed the hint, the table is read from its log", uri, version)
+    return True
+
+
 def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> "DeltaTable":
     """The table at `uri` (see the module docstring)."""
     from deltalake import DeltaTable
@@ -64,14 +90,8 @@ def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> "D
                 f"{uri}: _delta_log/_last_checkpoint names a checkpoint file that is missing; "
                 f"delete {hint_uri} (the log is then read without it) or restore the checkpoint file"
             ) from exc
-        hint = os.path.join(folder, "_delta_log", "_last_checkpoint")
-        version = _hinted_version(hint)
-        try:
-            os.remove(hint)
-        except FileNotFoundError:
-            pass  # another process removed it first
-        log.warning("%s: _delta_log/_last_checkpoint named checkpoint version %s, whose file is missing; "
-                    "removed the hint, the table is read from its log", uri, version)
+        version = _hinted_version(os.path.join(folder, "_delta_log", "_last_checkpoint"))
+        drop_stale_hint(uri)
     try:
         return DeltaTable(uri, storage_options=options)
     except Exception as again:
