@@ -86,3 +86,25 @@ def test_a_warehouse_folder_that_cannot_be_written_falls_back_to_the_deliveries_
     storage = _clock(local, tmp_path / "missing", table)
     storage.latest()
     assert storage.probes == 1 and storage.describe()["available"] is True
+
+
+def test_clocks_gone_are_no_longer_told_of_an_engine_s_commits(tmp_path: Path) -> None:
+    """Every client made over one engine attaches its clock: one gone must cost the engine's
+    commits nothing (they were kept forever), and an engine gone is no longer attached."""
+    import gc
+
+    from deltabus.storage import open_engine
+
+    engine = open_engine(str(tmp_path / "warehouse"), engine="delta-rs")
+    for _ in range(3):
+        StorageClock().attach(engine)
+    kept = StorageClock()
+    kept.attach(engine)
+    kept.attach(engine)
+    gc.collect()
+    assert engine.snapshot("deliveries")._observers == (kept,)  # type: ignore[attr-defined]
+    other = open_engine(str(tmp_path / "warehouse"), engine="delta-rs")
+    kept.attach(other)
+    del other
+    gc.collect()
+    assert len(kept._engines) == 1

@@ -37,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import ClockUncertain
@@ -97,7 +98,7 @@ class StorageClock:
         self._probe_error: str | None = None  # why the last probe failed (None: it did not)
         self._unavailable: str | None = "no warehouse attached yet"
         self._warned = False
-        self._engines: list[int] = []
+        self._engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # weakly: an engine gone is no longer attached
         self.restarts = 0  # estimates started again after the first (a step, an outlier)
         self.probes = 0
         self.widest_pad = 0.0  # the largest high - low a lease was granted with
@@ -107,9 +108,9 @@ class StorageClock:
         """Take storage time from `engine`'s warehouse: its commits, and probes of its folder.
         Idempotent per engine."""
         with self._lock:
-            if id(engine) in self._engines:
+            if engine in self._engines:
                 return
-            self._engines.append(id(engine))
+            self._engines.add(engine)
             folder = local_folder(engine.warehouse)
             if folder is not None and self._folder is None:
                 self._folder = folder

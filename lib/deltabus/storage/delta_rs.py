@@ -8,6 +8,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from typing import Callable, Mapping, Sequence, TypeVar
 from urllib.parse import unquote
 
@@ -21,7 +22,7 @@ from ..errors import Aborted, StorageFull
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .clock import CommitObserver, local_folder
-from .log_repair import MISSING_HINTED, drop_stale_hint, open_table
+from .log_repair import open_table
 from .maintenance import AutoCompact, LogCleanup, clean_log, compact, file_count
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
@@ -345,14 +346,22 @@ class DeltaRsEngine:
         self._local = threading.local()
         self._stats_cache: dict[str, tuple[int, pa.Table]] = {}  # table -> (version, add actions)
         self._specs: dict[str, TableSpec] = {**BY_NAME, **{t.name: t for t in extra_tables}}
-        self._observers: list[CommitObserver] = []
+        # Held weakly: every client made over this engine adds its clock, and a client gone
+        # must cost its commits nothing (2,000 clients made a publish 3x slower).
+        self._observers: "weakref.WeakSet[CommitObserver]" = weakref.WeakSet()
+        self._observers_lock = threading.Lock()
 
     def observe_commits(self, observer: CommitObserver) -> None:
         """Report every commit this engine makes from now on to `observer` (a ``StorageClock``),
-        with the stamp of the log file it wrote; local warehouses only (an object store's
-        commits are not reported). Adding one observer twice adds it once."""
-        if all(o is not observer for o in self._observers):
-            self._observers = [*self._observers, observer]
+        with the stamp of the log file it wrote, while `observer` lives (held weakly); local
+        warehouses only (an object store's commits are not reported). Adding one observer
+        twice adds it once."""
+        with self._observers_lock:
+            self._observers.add(observer)
+
+    def _live_observers(self) -> tuple[CommitObserver, ...]:
+        with self._observers_lock:
+            return tuple(self._observers)
 
     def table_uri(self, table: str) -> str:
         return f"{self.warehouse}/{table}"
@@ -422,16 +431,11 @@ class DeltaRsEngine:
                 dt = open_table(self.table_uri(table), self._storage_options)
             handles[table] = dt
         else:
-            try:
-                dt.update_incremental()
-            except Exception as exc:  # its _last_checkpoint names a checkpoint gone since: open it anew (log_repair)
-                if MISSING_HINTED not in str(exc):
-                    raise
-                dt = handles[table] = open_table(self.table_uri(table), self._storage_options)
+            dt.update_incremental()
         return dt
 
     def snapshot(self, table: str) -> DeltaRsSnapshot:
-        return DeltaRsSnapshot(self._specs[table], self._handle(table), self.table_uri(table), self._stats_cache, self._observers)
+        return DeltaRsSnapshot(self._specs[table], self._handle(table), self.table_uri(table), self._stats_cache, self._live_observers())
 
     def version(self, table: str) -> int:
         return self._handle(table).version()
@@ -440,7 +444,6 @@ class DeltaRsEngine:
         """Run fn on a fresh snapshot; on a commit conflict, back off and rerun it whole."""
         started = time.monotonic()
         attempt = 0
-        repaired = False
         while True:
             snap = self.snapshot(table)
             try:
@@ -456,14 +459,7 @@ class DeltaRsEngine:
                 log.debug("%s: commit conflict on %s (attempt %d), retrying", what, table, attempt + 1)
                 self._sleep(self._backoff.delay(attempt, random.random()))
                 attempt += 1
-            except Exception as exc:
-                # A table's _last_checkpoint names a checkpoint gone since (log_repair): mend it and
-                # rerun once; every handle of this thread then opens again, from the log.
-                if not repaired and MISSING_HINTED in str(exc) and any([drop_stale_hint(self.table_uri(t)) for t in self._specs]):
-                    repaired = True
-                    self._local.handles = {}
-                    continue
-                # A full disk: say so, not "Generic LocalFileSystem error" or a parquet error.
+            except Exception as exc:  # a full disk: say so, not "Generic LocalFileSystem error" or a parquet error
                 if isinstance(exc, StorageFull) or not StorageFull.caused(exc):
                     raise
                 raise StorageFull(what, self.table_uri(table)) from exc
