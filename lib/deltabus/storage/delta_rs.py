@@ -22,7 +22,7 @@ from ..errors import Aborted, StorageFull
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, scan_threads
 from .clock import CommitObserver, local_folder
-from .log_repair import open_table
+from .log_repair import MISSING_HINTED, drop_stale_hint, open_table
 from .maintenance import AutoCompact, LogCleanup, clean_log, compact, file_count
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
@@ -431,7 +431,12 @@ class DeltaRsEngine:
                 dt = open_table(self.table_uri(table), self._storage_options)
             handles[table] = dt
         else:
-            dt.update_incremental()
+            try:
+                dt.update_incremental()
+            except Exception as exc:  # its _last_checkpoint names a checkpoint gone since: open it anew (log_repair)
+                if MISSING_HINTED not in str(exc):
+                    raise
+                dt = handles[table] = open_table(self.table_uri(table), self._storage_options)
         return dt
 
     def snapshot(self, table: str) -> DeltaRsSnapshot:
@@ -444,6 +449,7 @@ class DeltaRsEngine:
         """Run fn on a fresh snapshot; on a commit conflict, back off and rerun it whole."""
         started = time.monotonic()
         attempt = 0
+        repaired = False
         while True:
             snap = self.snapshot(table)
             try:
@@ -459,7 +465,14 @@ class DeltaRsEngine:
                 log.debug("%s: commit conflict on %s (attempt %d), retrying", what, table, attempt + 1)
                 self._sleep(self._backoff.delay(attempt, random.random()))
                 attempt += 1
-            except Exception as exc:  # a full disk: say so, not "Generic LocalFileSystem error" or a parquet error
+            except Exception as exc:
+                # A table's _last_checkpoint names a checkpoint gone since (log_repair): mend it and
+                # rerun once; every handle of this thread then opens again, from the log.
+                if not repaired and MISSING_HINTED in str(exc) and any([drop_stale_hint(self.table_uri(t)) for t in self._specs]):
+                    repaired = True
+                    self._local.handles = {}
+                    continue
+                # A full disk: say so, not "Generic LocalFileSystem error" or a parquet error.
                 if isinstance(exc, StorageFull) or not StorageFull.caused(exc):
                     raise
                 raise StorageFull(what, self.table_uri(table)) from exc
