@@ -14,8 +14,9 @@ to bench/results/<date>-chaos[-quick].json, or --out):
   ``refuse_seconds``) and one whose endpoint fails TLS until its push config is changed to a
   healthy one. ``jobs/deliver.py`` (through ./spark-submit.sh, its own process group) is
   SIGKILLed K times at random moments (whole group: the JVM, the driver, its Python workers;
-  every fourth kill only one push worker's Python process), restarted each time, then, on a
-  deleted streaming checkpoint, run until the endpoint has acked every message of every
+  every fourth kill only one push worker's Python process), restarted each time, then, with
+  its streaming checkpoint damaged (its latest offsets file truncated: the job must set it
+  aside and start a new one), run until the endpoint has acked every message of every
   subscription and stopped with SIGTERM to its process group. Checked per
   subscription: 0 lost, 0 acked-then-redelivered without a kill in between, duplicates per
   kill (bounded by the push window in flight at the kill: at most ``MAX_WINDOW`` per
@@ -52,7 +53,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (str(ROOT), str(ROOT / "lib")):
@@ -63,6 +64,7 @@ from bench.chaos_check import Ack, Receipt, check_pulls, check_pushes  # noqa: E
 from bench.chaos_endpoint import BEHAVIOURS, ChaosEndpoint, EndpointSettings  # noqa: E402
 
 PROJECT = "chaos"
+CheckpointDamage = Literal["none", "delete", "truncate"]
 ACK_DEADLINE = 10  # seconds: Pub/Sub's minimum, so held answers and lapsed leases come back soon
 # The drain waits out leases of killed clients: a subscribe() client extends its leases up
 # to max_duration_per_lease_extension... and Pub/Sub's ack deadline tops out at 600 s.
@@ -187,9 +189,10 @@ class KillSettings:
     failing_messages: int = 2_000  # messages for each failing behaviour's subscription (kill_shares)
     kill_worker_every: int = 4  # every n-th kill takes one push worker's Python process first
     finish_timeout: float = 1800.0
-    # Delete the job's streaming checkpoint before the last restart (damaged state: the new
-    # checkpoint's batch ids start at 0 again and must not be taken for replays).
-    delete_checkpoint: bool = True
+    # Damage the job's streaming checkpoint before the last restart: "truncate" its latest
+    # offsets file (the job must set it aside and start a new one), "delete" it (the new
+    # checkpoint's batch ids start at 0 again and must not be taken for replays), or "none".
+    damage_checkpoint: CheckpointDamage = "truncate"
     seed: int = 7
     behaviours: tuple[str, ...] = tuple(BEHAVIOURS) + ("tls",)
 
@@ -207,6 +210,22 @@ class KillSettings:
 def _tls_failing_url(port: int) -> str:
     """An https URL whose TLS handshake fails every time: the endpoint's port speaks plain HTTP."""
     return f"https://127.0.0.1:{port}/ok"
+
+
+def damage_checkpoint(checkpoint: Path, how: CheckpointDamage) -> str | None:
+    """Damage the push job's streaming checkpoint as `how` says; what was done (None: nothing)."""
+    if how == "none" or not checkpoint.exists():
+        return None
+    if how == "delete":
+        import shutil
+
+        shutil.rmtree(checkpoint)
+        return f"deleted {checkpoint}"
+    offsets = sorted((p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    if not offsets:
+        return None
+    offsets[-1].write_bytes(b"")
+    return f"truncated {offsets[-1]} to 0 bytes"
 
 
 def kill_shares(s: KillSettings) -> dict[str, int]:
@@ -295,11 +314,9 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
             kill_log.append({"at": time.time(), "what": "job"})
             log(f"kills: kill {k + 1}/{s.kills} ({kill_log[-1]['what']}), endpoint saw {len(ep.records()):,} requests")
 
-        if s.delete_checkpoint:
-            import shutil
-
-            shutil.rmtree(Path(wh) / "_checkpoints", ignore_errors=True)
-            log("kills: the job's streaming checkpoint deleted before the last restart")
+        damaged = damage_checkpoint(Path(wh) / "_checkpoints" / "deliver", s.damage_checkpoint)
+        if damaged:
+            log(f"kills: before the last restart, {damaged}")
         final_from = job_log.stat().st_size if job_log.exists() else 0
         job = start_job(wh, job_log)
         want = {kind: set(published[kind]) for kind in subs}
@@ -342,7 +359,8 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
     out["backlog_agrees"] = all(f["backlog_agrees"] for f in out["subscriptions"].values())
     # Batches of the last run skipped as "already committed" (none on a new checkpoint).
     out["final_run_skipped_batches"] = job_log.read_text(errors="replace")[final_from:].count("already committed before a restart; skipped")
-    out["checkpoint_deleted"] = s.delete_checkpoint
+    out["checkpoint_damage"] = damaged
+    out["checkpoint_set_aside"] = "is damaged" in job_log.read_text(errors="replace")[final_from:]
     out["unexpected"] = _unexpected(job_log)
     out["unexpected_lines"] = _unexpected_lines(job_log)[:5]
     out["ok"] = (out["lost"] == 0 and out["acked_then_redelivered"] == 0 and out["backlog_agrees"] and out["unexpected"] == 0
