@@ -159,12 +159,24 @@ def push_workers(job: subprocess.Popen[bytes], job_log: Path) -> list[int]:
     return out
 
 
-def kill_group(job: subprocess.Popen[bytes]) -> None:
+def kill_group(job: subprocess.Popen[bytes]) -> float:
+    """SIGKILL the whole job: its process group (spark-submit, the JVM, the driver) and every
+    descendant outside it (pyspark's daemon puts its Python workers, the push workers among
+    them, in groups of their own: left alone they finished the pushes in flight after the
+    driver was gone). Returns when the signals went out (the kill's time)."""
+    descendants = [pid for pid, _ in _children(job.pid)]
+    sent = time.time()
     try:
         os.killpg(job.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for pid in descendants:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     job.wait(60)
+    return sent
 
 
 def stop_group(job: subprocess.Popen[bytes], timeout: float = 120) -> None:
@@ -306,12 +318,12 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
             workers = push_workers(job, job_log)
             if k % s.kill_worker_every == s.kill_worker_every - 1 and workers:  # one push worker only: Spark retries its task
                 victim = rng.choice(workers)
+                at = time.time()
                 os.kill(victim, signal.SIGKILL)
-                kill_log.append({"at": time.time(), "what": "push worker", "pid": victim})
+                kill_log.append({"at": at, "what": "push worker", "pid": victim})
                 time.sleep(rng.uniform(s.min_gap, s.max_gap))
                 kill_log[-1]["job_survived"] = job.poll() is None  # the pool restarts its workers
-            kill_group(job)
-            kill_log.append({"at": time.time(), "what": "job"})
+            kill_log.append({"at": kill_group(job), "what": "job"})
             log(f"kills: kill {k + 1}/{s.kills} ({kill_log[-1]['what']}), endpoint saw {len(ep.records()):,} requests")
 
         damaged = damage_checkpoint(Path(wh) / "_checkpoints" / "deliver", s.damage_checkpoint)

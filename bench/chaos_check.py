@@ -10,8 +10,9 @@ deltabus's tables, so a bug in them cannot hide a loss.
   - **duplicates**: arrivals of an id after its first 2xx, each attributed to the last kill
     before it (``per_kill``) or to none.
   - **acked_then_redelivered**: arrivals after a *clean* 2xx (complete within the deadline:
-    the pusher saw it) with no kill between that answer and the arrival. Zero is the
-    guarantee ("no acked message is pushed again on purpose").
+    the pusher saw it, if it was still there) with no kill between that push's arrival and
+    the redelivery (a kill while the push was in flight cut the pusher off from its answer).
+    Zero is the guarantee ("no acked message is pushed again on purpose").
 - ``check_pulls``: from pull clients' records (``Receipt`` with the time the pull call
   started, so the lease the server committed for it ends no earlier than that plus the
   deadline; ``Ack`` confirmed by the server).
@@ -53,16 +54,18 @@ def check_pushes(published: Iterable[str], records: Sequence[dict[str, Any]], ki
         if first_ack is None:
             continue
         acked += 1
-        clean_acks = [r["t1"] for r in rs if is_ack(r["st"]) and r["clean"]]
+        clean_acks = [(r["t0"], r["t1"]) for r in rs if is_ack(r["st"]) and r["clean"]]
         for r in rs:
             if r["t0"] <= first_ack["t0"]:
                 continue
             duplicates += 1
             k = bisect.bisect_right(kills, r["t0"]) - 1
             per_kill[k] += 1
-            before = [t for t in clean_acks if t < r["t0"]]
-            if before and not any(before[-1] < k_t < r["t0"] for k_t in kills):
-                violations.append({"m": mid, "acked_at": before[-1], "arrived_at": r["t0"]})
+            before = [a for a in clean_acks if a[1] < r["t0"]]
+            # Excused by a kill after the acked push began: one before its answer came cut the
+            # pusher off from it (workers finish requests in flight after the driver is gone).
+            if before and not any(before[-1][0] < k_t < r["t0"] for k_t in kills):
+                violations.append({"m": mid, "acked_at": before[-1][1], "arrived_at": r["t0"]})
     return {
         "published": len(ids),
         "acked": acked,

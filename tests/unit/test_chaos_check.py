@@ -26,6 +26,14 @@ def test_a_kill_between_the_ack_and_the_redelivery_excuses_it_and_is_blamed():
     assert r["acked_then_redelivered"] == 0 and r["duplicates_per_kill"] == {"0": 1}
 
 
+def test_a_kill_while_the_acked_push_was_in_flight_excuses_the_redelivery():
+    # The answer came at 2.0, after the kill at 1.5: the driver was gone, the ack never recorded.
+    r = check_pushes(["a"], [rec("a", 1, 204, t1=2.0), rec("a", 9, 204)], kills=[1.5])
+    assert r["acked_then_redelivered"] == 0
+    late = check_pushes(["a"], [rec("a", 1, 204, t1=2.0), rec("a", 9, 204)], kills=[0.5])  # a kill before it began does not
+    assert late["acked_then_redelivered"] == 1
+
+
 def test_an_ambiguous_2xx_counts_as_acked_but_never_against_a_redelivery():
     r = check_pushes(["a"], [rec("a", 1, 200, clean=False, t1=20), rec("a", 25, 204)], kills=[])
     assert (r["lost"], r["acked_then_redelivered"], r["duplicates"]) == (0, 0, 1)
