@@ -412,8 +412,8 @@ class ConcurrentSettings:
     seed: int = 11
 
     def __post_init__(self) -> None:
-        if self.processes < 3:
-            raise ValueError(f"processes: must be >= 3 (a publisher, a puller, a subscriber), got {self.processes}")
+        if self.processes < 4:
+            raise ValueError(f"processes: must be >= 4 (a publisher, two pullers, a subscriber), got {self.processes}")
         if not self.seconds > 0 or not self.kill_every > 0:
             raise ValueError("seconds and kill_every: must be > 0")
 
@@ -463,7 +463,8 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
     records = scratch / "records"
     records.mkdir()
     server, host = _start_server(wh, scratch / "serve.log") if s.server else (None, None)
-    roles = ["publisher", "puller", "subscriber"] + (["grpc-subscriber"] if s.server else [])
+    # Two pullers at least: "granted twice" is judged between pull receipts (their call times).
+    roles = ["publisher", "puller", "puller", "subscriber"] + (["grpc-subscriber"] if s.server else [])
     roles += [rng.choice(["publisher", "puller", "puller", "subscriber"] + (["grpc-subscriber", "grpc-publisher"] if s.server else []))
               for _ in range(s.processes - len(roles))]
     procs: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
