@@ -30,8 +30,10 @@ def test_a_kill_while_the_acked_push_was_in_flight_excuses_the_redelivery():
     # The answer came at 2.0, after the kill at 1.5: the driver was gone, the ack never recorded.
     r = check_pushes(["a"], [rec("a", 1, 204, t1=2.0), rec("a", 9, 204)], kills=[1.5])
     assert r["acked_then_redelivered"] == 0
-    late = check_pushes(["a"], [rec("a", 1, 204, t1=2.0), rec("a", 9, 204)], kills=[0.5])  # a kill before it began does not
-    assert late["acked_then_redelivered"] == 1
+    # A push that reached the endpoint just after the kill was sent before it: excused too.
+    assert check_pushes(["a"], [rec("a", 1, 204, t1=2.0), rec("a", 9, 204)], kills=[0.9])["acked_then_redelivered"] == 0
+    early = check_pushes(["a"], [rec("a", 1, 204, t1=2.0), rec("a", 9, 204)], kills=[0.2])  # long before it was sent: not
+    assert early["acked_then_redelivered"] == 1
 
 
 def test_an_ambiguous_2xx_counts_as_acked_but_never_against_a_redelivery():
