@@ -4,8 +4,10 @@ Contract.
 
 - ``damage(message, checkpoint)`` (pure) is the one-line reason when a streaming query's
   failure `message` says it could not read a file of the job's own `checkpoint` (a
-  truncated, cut or garbled offsets, commits or metadata log file, as a crash of the
-  storage under a write, or a hand edit, leaves it), else None.
+  truncated, cut or garbled offsets or commits log file, as a crash of the storage under a
+  write, or a hand edit, leaves it), else None. A damaged ``metadata`` file is not among
+  them: Spark reads it inside ``start()``, which then fails with a traceback (nothing is
+  lost; delete the checkpoint and start again).
 - ``set_aside(checkpoint, stamp)`` renames a checkpoint on a local file system to
   ``<checkpoint>.damaged-<stamp>`` and returns the new path (None for one on another
   store: nothing is moved there).
@@ -47,16 +49,13 @@ def _local(path: str) -> str | None:
 
 
 def damage(message: str, checkpoint: str) -> str | None:
-    """The reason (one line) when `message` reports an unreadable file of `checkpoint`, else None."""
-    where = _local(checkpoint) or checkpoint
-    if where.rstrip("/") not in message:
-        return None
+    """The reason (one line) when a line of `message` names a file inside `checkpoint` (its
+    path and a slash: ``.../deliver`` is not ``.../deliver-delta-spark``) together with one
+    of SIGNS, else None."""
+    inside = (_local(checkpoint) or checkpoint).rstrip("/") + "/"
     for line in message.splitlines():
-        if where.rstrip("/") in line and any(sign in line for sign in SIGNS):
+        if inside in line and any(sign in line for sign in SIGNS):
             return line.strip()[:300]
-    if any(sign in message for sign in SIGNS):
-        first = next((ln for ln in message.splitlines() if where.rstrip("/") in ln), message.splitlines()[0])
-        return first.strip()[:300]
     return None
 
 
@@ -66,6 +65,9 @@ def set_aside(checkpoint: str, stamp: str) -> str | None:
     if path is None:
         return None
     path = path.rstrip("/")
-    target = f"{path}.damaged-{stamp}"
+    target, n = f"{path}.damaged-{stamp}", 1
+    while os.path.exists(target):  # set aside twice within the stamp's second
+        n += 1
+        target = f"{path}.damaged-{stamp}-{n}"
     os.rename(path, target)
     return target

@@ -468,7 +468,9 @@ class DeltaRsEngine:
             except Exception as exc:
                 # A table's _last_checkpoint names a checkpoint gone since (log_repair): mend it and
                 # rerun once; every handle of this thread then opens again, from the log.
-                if not repaired and MISSING_HINTED in str(exc) and any([drop_stale_hint(self.table_uri(t)) for t in self._specs]):
+                if not repaired and MISSING_HINTED in str(exc):
+                    for t in self._specs:  # (another process may have mended it first: rerun anyway)
+                        drop_stale_hint(self.table_uri(t))
                     repaired = True
                     self._local.handles = {}
                     continue
