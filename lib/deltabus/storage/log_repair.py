@@ -26,6 +26,7 @@ import os
 from typing import TYPE_CHECKING, Mapping
 
 from ..errors import FailedPrecondition
+from .clock import local_folder
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
@@ -33,12 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 MISSING_HINTED = "Had a _last_checkpoint hint but didn't find any checkpoints"
-
-
-def _local(uri: str) -> str | None:
-    if uri.startswith("file://"):
-        return uri.removeprefix("file://")
-    return None if "://" in uri else uri
 
 
 def _hinted_version(hint: str) -> str:
@@ -53,7 +48,7 @@ def drop_stale_hint(uri: str) -> bool:
     """Delete the table's ``_last_checkpoint`` when no checkpoint file of the version it names
     exists (local file systems only); True when one was deleted. Any other error a reader
     raises is not this module's to mend."""
-    folder = _local(uri)
+    folder = local_folder(uri)
     if folder is None:
         return False
     log_dir = os.path.join(folder, "_delta_log")
@@ -83,7 +78,7 @@ def open_table(uri: str, storage_options: Mapping[str, str] | None = None) -> "D
     except Exception as exc:  # deltalake's DeltaError
         if MISSING_HINTED not in str(exc):
             raise
-        folder = _local(uri)
+        folder = local_folder(uri)
         hint_uri = f"{uri.rstrip('/')}/_delta_log/_last_checkpoint"
         if folder is None:
             raise FailedPrecondition(
