@@ -21,7 +21,9 @@ to bench/results/<date>-chaos[-quick].json, or --out):
   subscription: 0 lost, 0 acked-then-redelivered without a kill in between, duplicates per
   kill (bounded by the push window in flight at the kill: at most ``MAX_WINDOW`` per
   subscription), and at the end the backlog agrees with the deliveries table (0 unacked).
-- ``concurrent``: P processes on one pull subscription for S seconds: library publishers,
+- ``concurrent``: P processes on one pull subscription for S seconds, beside the push job
+  (``jobs/deliver.py`` pushing a push subscription of the same topic to a healthy endpoint,
+  SIGKILLed every ``--job-kill-every`` seconds and restarted): library publishers,
   library pullers (pull + acknowledge, recording each receipt with its call's start and
   each confirmed ack), library subscribe() clients, and official google-cloud-pubsub
   subscribe() clients through ``deltabus serve``; a random process is SIGKILLed mid-call
@@ -29,7 +31,9 @@ to bench/results/<date>-chaos[-quick].json, or --out):
   (every id whose publish returned was received and acked, and the drain found the
   subscription empty), 0 leases granted twice, 0 acked-then-redelivered, 0 unexpected
   exceptions (any traceback in a process's or the server's output, a raw CommitFailedError
-  among them).
+  among them). The push subscription is checked like the kills scenario's (every published
+  id pushed and acked, none acked then redelivered without a job kill between, its backlog
+  empty, no traceback in the job's log).
 - ``skew``: ``chaos_skew.run`` (pullers with wall clocks off by ±``skew`` seconds).
 - ``disk`` / ``damaged``: ``chaos_storage`` (a warehouse on a small tmpfs that fills up;
   the push job's streaming checkpoint truncated or deleted, a table's ``_delta_log``
@@ -53,7 +57,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (str(ROOT), str(ROOT / "lib")):
@@ -409,6 +413,14 @@ class ConcurrentSettings:
     # subscribe() clients' FlowControl.max_duration_per_lease_extension (None: the clients'
     # defaults): a killed client's leases run that long at most, so the drain ends sooner.
     lease_cap: int | None = None
+    # Beside the push job: a push subscription of the same topic (a healthy endpoint), pushed
+    # by jobs/deliver.py on the same warehouse while the clients run, with its own invariants
+    # (chaos_check.check_pushes, against the endpoint's records). False: the clients alone.
+    push: bool = True
+    # Seconds between SIGKILLs of the push job's process group (restarted each time; a kill
+    # waits for the run's first push); None: the job runs undisturbed.
+    job_kill_every: float | None = 60.0
+    push_timeout: float = 900.0  # after the drain: seconds for the endpoint to ack every published id
     seed: int = 11
 
     def __post_init__(self) -> None:
@@ -416,6 +428,8 @@ class ConcurrentSettings:
             raise ValueError(f"processes: must be >= 4 (a publisher, two pullers, a subscriber), got {self.processes}")
         if not self.seconds > 0 or not self.kill_every > 0:
             raise ValueError("seconds and kill_every: must be > 0")
+        if self.job_kill_every is not None and not self.job_kill_every > 0:
+            raise ValueError(f"job_kill_every: must be > 0 seconds or None, got {self.job_kill_every!r}")
 
 
 CLIENT = ROOT / "bench" / "chaos_client.py"
@@ -449,6 +463,119 @@ def _start_server(wh: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str
     return proc, f"127.0.0.1:{int(found.group(1))}"
 
 
+class _ClientRecords(NamedTuple):
+    published: set[str]
+    receipts: list[Receipt]
+    acks: list[Ack]
+    subscribe_acked: set[str]
+    errors: int
+
+
+def _read_client_records(records: Path) -> _ClientRecords:
+    """What the client processes recorded (one JSONL file each, and their stderr)."""
+    out = _ClientRecords(set(), [], [], set(), 0)
+    errors = 0
+    for f in sorted(records.glob("*.jsonl")):
+        client = f.stem
+        for line in f.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the kill
+            if e["e"] == "pub":
+                out.published.update(e["ids"])
+            elif e["e"] == "recv":
+                if e.get("called") is not None:
+                    out.receipts.extend(Receipt(client, m, e["called"], e["t"], e["deadline"]) for m in e["ids"])
+                else:  # subscribe(): no call start known, so no lease bound either
+                    out.receipts.extend(Receipt(client, m, e["t"] - 1e9, e["t"], 0.0) for m in e["ids"])
+            elif e["e"] == "ack":
+                out.acks.extend(Ack(client, m, e["t"]) for m in e["ids"])
+            elif e["e"] == "sub-ack":
+                out.subscribe_acked.update(e["ids"])
+            elif e["e"] == "error":
+                errors += 1
+        err = f.with_suffix(".err")
+        if err.exists():
+            errors += _unexpected(err)
+    return out._replace(errors=errors)
+
+
+class _PushBeside:
+    """The push job beside the clients: one healthy push subscription on the clients' topic,
+    jobs/deliver.py on the same warehouse, SIGKILLed every ``job_kill_every`` seconds (at
+    random within 0.5-1.5x, and only once the run has pushed) and restarted."""
+
+    def __init__(self, scratch: Path, wh: str, topic: str, s: ConcurrentSettings, rng: random.Random) -> None:
+        from deltabus import SubscriberClient
+
+        self.s, self.rng, self.wh = s, rng, wh
+        self.endpoint = ChaosEndpoint(scratch / "endpoint", EndpointSettings(deadline=ACK_DEADLINE, refuse_seconds=0.0, seed=s.seed))
+        self.endpoint.__enter__()
+        self.requests = scratch / "endpoint" / "requests.jsonl"
+        self.log_path = scratch / "deliver.log"
+        sub = SubscriberClient(warehouse=wh, allow_http=True)
+        self.name = sub.subscription_path(PROJECT, "concurrent-push")
+        sub.create_subscription(request={"name": self.name, "topic": topic, "ack_deadline_seconds": ACK_DEADLINE,
+                                         "push_config": {"push_endpoint": self.endpoint.url("ok"),
+                                                         "oidc_token": {"service_account_email": "chaos@local.iam.gserviceaccount.com"}}})
+        sub.close()
+        self.kill_times: list[float] = []
+        self.job = start_job(wh, self.log_path)
+        self._began, self._pushed_at_start = time.time(), self._pushed()
+        self._next_kill = self._schedule()
+
+    def _pushed(self) -> int:
+        return self.requests.stat().st_size if self.requests.exists() else 0
+
+    def _schedule(self) -> float:
+        every = self.s.job_kill_every
+        return float("inf") if every is None else time.time() + self.rng.uniform(0.5, 1.5) * every
+
+    def tick(self) -> None:
+        """Between client kills: the job's own kill when due, and a check that it is alive."""
+        if self.job.poll() is not None:
+            raise RuntimeError(f"deliver job exited {self.job.returncode}:\n{_tail(self.log_path)}")
+        if time.time() >= self._next_kill and self._pushed() > self._pushed_at_start:
+            self.kill_times.append(kill_group(self.job))
+            log(f"concurrent: push job killed ({len(self.kill_times)})")
+            self.job = start_job(self.wh, self.log_path)
+            self._began, self._pushed_at_start = time.time(), self._pushed()
+            self._next_kill = self._schedule()
+
+    def finish(self, published: set[str]) -> dict[str, Any]:
+        """Wait until the endpoint has acked every published id and the subscription's backlog
+        is empty (ids published by a killed publisher before it recorded them are pushed
+        too), stop the job with SIGTERM, and check the pushes."""
+        from deltabus import SubscriberClient
+
+        sub = SubscriberClient(warehouse=self.wh, allow_http=True)
+        deadline = time.time() + self.s.push_timeout
+        try:
+            while time.time() < deadline:
+                acked = {r["m"] for r in self.endpoint.records() if r["sub"] == self.name and (r["st"] == 102 or 200 <= r["st"] < 300)}
+                if published <= acked and sub.get_backlog(self.name).num_unacked_messages == 0:
+                    break
+                if self.job.poll() is not None:
+                    raise RuntimeError(f"deliver job exited {self.job.returncode}:\n{_tail(self.log_path)}")
+                time.sleep(3.0)
+            time.sleep(2.0)  # the last acks' MERGEs
+        finally:
+            stop_group(self.job)
+        time.sleep(1.0)  # the endpoint's last lines flushed
+        mine = [r for r in self.endpoint.records() if r["sub"] == self.name]
+        figures = check_pushes(published, mine, self.kill_times)
+        left = sub.get_backlog(self.name).num_unacked_messages
+        sub.close()
+        return {**figures, "subscription": self.name, "job_kills": len(self.kill_times), "backlog_unacked": left,
+                "unexpected": _unexpected(self.log_path), "unexpected_lines": _unexpected_lines(self.log_path)[:5]}
+
+    def close(self) -> None:
+        if self.job.poll() is None:
+            kill_group(self.job)
+        self.endpoint.__exit__(None, None, None)
+
+
 def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
     from deltabus import PublisherClient, SubscriberClient
 
@@ -463,18 +590,22 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
     records = scratch / "records"
     records.mkdir()
     server, host = _start_server(wh, scratch / "serve.log") if s.server else (None, None)
+    pusher = _PushBeside(scratch, wh, topic, s, random.Random(s.seed + 5)) if s.push else None
     # Two pullers at least: "granted twice" is judged between pull receipts (their call times).
     roles = ["publisher", "puller", "puller", "subscriber"] + (["grpc-subscriber"] if s.server else [])
     roles += [rng.choice(["publisher", "puller", "puller", "subscriber"] + (["grpc-subscriber", "grpc-publisher"] if s.server else []))
               for _ in range(s.processes - len(roles))]
     procs: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
-    for i, role in enumerate(roles[: s.processes]):
-        procs[i] = (role, _start_client(role, wh, sub_path, topic, records / f"{i}-{role}.jsonl", host, s.seed + i, s.lease_cap))
-    kills = 0
-    started = time.time()
+    push: dict[str, Any] | None = None
     try:
+        for i, role in enumerate(roles[: s.processes]):
+            procs[i] = (role, _start_client(role, wh, sub_path, topic, records / f"{i}-{role}.jsonl", host, s.seed + i, s.lease_cap))
+        kills = 0
+        started = time.time()
         while time.time() - started < s.seconds:
             time.sleep(rng.uniform(0.5, 1.5) * s.kill_every)
+            if pusher is not None:
+                pusher.tick()
             if time.time() - started >= s.seconds:
                 break
             i = rng.choice(list(procs))
@@ -496,6 +627,9 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
         # The drain: a clean puller until the subscription gives nothing for two deadlines.
         drain = _start_client("drain", wh, sub_path, topic, records / "drain.jsonl", None, s.seed)
         drain.wait(DRAIN_TIMEOUT)
+        got = _read_client_records(records)
+        if pusher is not None:
+            push = pusher.finish(got.published)
     finally:
         for _, proc in procs.values():
             if proc.poll() is None:
@@ -503,42 +637,22 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
         if server is not None:
             server.terminate()
             server.wait(30)
-    published: set[str] = set()
-    receipts: list[Receipt] = []
-    acks: list[Ack] = []
-    subscribe_acked: set[str] = set()
-    errors = 0
-    for f in sorted(records.glob("*.jsonl")):
-        client = f.stem
-        for line in f.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue  # a line cut by the kill
-            if e["e"] == "pub":
-                published.update(e["ids"])
-            elif e["e"] == "recv":
-                if e.get("called") is not None:
-                    receipts.extend(Receipt(client, m, e["called"], e["t"], e["deadline"]) for m in e["ids"])
-                else:  # subscribe(): no call start known, so no lease bound either
-                    receipts.extend(Receipt(client, m, e["t"] - 1e9, e["t"], 0.0) for m in e["ids"])
-            elif e["e"] == "ack":
-                acks.extend(Ack(client, m, e["t"]) for m in e["ids"])
-            elif e["e"] == "sub-ack":
-                subscribe_acked.update(e["ids"])
-            elif e["e"] == "error":
-                errors += 1
-        err = f.with_suffix(".err")
-        if err.exists():
-            errors += _unexpected(err)
-    figures = check_pulls(published, receipts, acks + [Ack("subscribe", m, float("inf")) for m in subscribe_acked - {a.message_id for a in acks}])
+        if pusher is not None:
+            pusher.close()
+    figures = check_pulls(got.published, got.receipts,
+                          got.acks + [Ack("subscribe", m, float("inf")) for m in got.subscribe_acked - {a.message_id for a in got.acks}])
     # subscribe() acks are not confirmed to their callback: such an id counts as acked only
     # if the drain then found the subscription empty (it would have got it back otherwise).
     left = sub.get_backlog(sub_path).num_unacked_messages
     out: dict[str, Any] = {"processes": s.processes, "roles": roles[: s.processes], "seconds": s.seconds, "kills": kills,
-                           **figures, "backlog_left": left, "unexpected_exceptions": errors + (_unexpected(scratch / "serve.log") if s.server else 0)}
+                           **figures, "backlog_left": left,
+                           "unexpected_exceptions": got.errors + (_unexpected(scratch / "serve.log") if s.server else 0)}
     out["ok"] = out["lost"] == 0 and out["granted_twice"] == 0 and out["acked_then_redelivered"] == 0 and left == 0 \
         and out["unexpected_exceptions"] == 0
+    if push is not None:
+        out["push"] = push
+        out["ok"] = out["ok"] and push["lost"] == 0 and push["acked_then_redelivered"] == 0 and push["backlog_unacked"] == 0 \
+            and push["unexpected"] == 0
     sub.close()
     return out
 
@@ -560,6 +674,7 @@ class Options:
     scratch: Path | None = None
     refuse_seconds: float = 60.0
     failing_messages: int = 2_000
+    job_kill_every: float | None = 60.0
 
     def __post_init__(self) -> None:
         bad = [s for s in self.only if s not in SCENARIOS]
@@ -577,6 +692,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    help="messages for each failing endpoint's subscription in the kills scenario (default 2,000; --quick 300)")
     p.add_argument("--processes", type=int, help="client processes in the concurrent scenario (default 8; --quick 4)")
     p.add_argument("--seconds", type=float, help="seconds of the concurrent scenario (default 600; --quick 40)")
+    p.add_argument("--job-kill-every", type=float,
+                   help="concurrent scenario: seconds between kills of the push job beside the clients (default 60; 0: none)")
     p.add_argument("--skew", type=float, default=30.0, help="clock skew in seconds for the skew scenario (default 30)")
     p.add_argument("--refuse-seconds", type=float, help="seconds the refusing endpoint refuses (default 60; --quick 15)")
     p.add_argument("--out", type=Path, help="result stem (default bench/results/<date>-chaos[-quick])")
@@ -599,6 +716,7 @@ def _options(a: argparse.Namespace) -> Options:
         processes=a.processes or (4 if a.quick else 8), seconds=a.seconds or (40.0 if a.quick else 600.0), skew=a.skew,
         out=a.out, scratch=a.scratch, refuse_seconds=a.refuse_seconds if a.refuse_seconds is not None else (15.0 if a.quick else 60.0),
         failing_messages=a.failing_messages or (300 if a.quick else 2_000),
+        job_kill_every=(a.job_kill_every or None) if a.job_kill_every is not None else (20.0 if a.quick else 60.0),
     )
 
 
@@ -611,7 +729,10 @@ def summary(name: str, r: dict[str, Any]) -> str:
         return (f"concurrent: {'OK' if r['ok'] else 'FAILED'}: {r['processes']} processes, {r['seconds']:.0f} s, {r['kills']} kills: "
                 f"{r['published']:,} published, lost {r['lost']}, granted twice {r['granted_twice']}, "
                 f"acked-then-redelivered {r['acked_then_redelivered']}, duplicates {r['duplicates']:,}, "
-                f"unexpected exceptions {r['unexpected_exceptions']}, backlog left {r['backlog_left']}")
+                f"unexpected exceptions {r['unexpected_exceptions']}, backlog left {r['backlog_left']}"
+                + (f"; beside the push job ({r['push']['job_kills']} job kills): pushed {r['push']['acked']:,} of "
+                   f"{r['push']['published']:,}, lost {r['push']['lost']}, acked-then-redelivered {r['push']['acked_then_redelivered']}, "
+                   f"duplicates {r['push']['duplicates']:,}" if "push" in r else ""))
     if name == "skew":
         return (f"skew: {'OK' if r['ok'] else 'FAILED'}: {r['messages']:,} messages, pullers at +/-{r['skew_seconds']:g} s and 0: "
                 f"granted twice {r['leases_granted_twice']}, acked-then-redelivered {r['acked_redelivered']}, lost {r['lost']}, "
@@ -624,7 +745,7 @@ def run(opts: Options, scratch: Path) -> dict[str, Any]:
     runners: dict[str, Callable[[Path], dict[str, Any]]] = {
         "kills": lambda d: kills(d, KillSettings(opts.messages, opts.kills, refuse_seconds=opts.refuse_seconds,
                                                  failing_messages=opts.failing_messages)),
-        "concurrent": lambda d: concurrent(d, ConcurrentSettings(opts.processes, opts.seconds)),
+        "concurrent": lambda d: concurrent(d, ConcurrentSettings(opts.processes, opts.seconds, job_kill_every=opts.job_kill_every)),
     }
     if "skew" in opts.only:
         from bench import chaos_skew  # written beside this harness
