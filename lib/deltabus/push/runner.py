@@ -56,6 +56,24 @@ def _cheap_local_checkpoints(spark: "SparkSession", checkpoint: str) -> None:
     spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
 
 
+def failed_while_stopping(stop_requested: bool, message: str) -> str | None:
+    """The one-line reason to log when the query failed after a stop was asked for (None: a
+    failure of its own, to raise).
+
+    A signal to the job's process group (Ctrl-C at a terminal, ``kill -TERM -<pgid>``) also
+    reaches the children the JVM forks: without Hadoop's native library every checkpoint log
+    file gets its permissions from a forked ``chmod``, and one killed mid-write failed the
+    query (``ExitCodeException exitCode=143`` in HDFSMetadataLog.write; seen once in the chaos
+    test). The job was stopping anyway, and a failed query is a crash the next start recovers
+    from (the checkpoint and the tables are written atomically), so it stops as asked, with
+    a warning instead of a traceback. Python's signal handler runs while the driver waits in
+    awaitTermination (PEP 475), so `stop` is set before the JVM reports the failure."""
+    if not stop_requested:
+        return None
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "unknown error")
+    return first[:300]
+
+
 def _progress(query: "StreamingQuery") -> None:
     p = query.lastProgress
     if p:
@@ -125,6 +143,12 @@ def run(
             try:
                 ended = query.awaitTermination(0.2)
             except Exception as exc:  # the query failed: a damaged checkpoint is set aside once (checkpoint_damage)
+                while_stopping = failed_while_stopping(stop is not None and stop.is_set(), str(exc))
+                if while_stopping is not None:
+                    log.warning("the streaming query failed while stopping (%s); nothing is lost: the next start resumes "
+                                "from the checkpoint", while_stopping)
+                    job.summary.stopped_because = stop_reason()
+                    break
                 reason = checkpoint_damage.damage(str(exc), job.checkpoint)
                 if reason is None or set_aside_once:
                     raise
