@@ -10,7 +10,8 @@ once the subscription gave nothing for two ack deadlines and has no unacked mess
 
 Records: {"e": "pub", "ids": [...]} once a publish returned; {"e": "recv", "ids", "t",
 "called", "deadline"} (``called`` None for subscribe(), whose lease round is not seen);
-{"e": "ack", "ids", "t"} once an acknowledge call returned; {"e": "sub-ack", "ids"} after
+{"e": "ack-call", "ids"} before an acknowledge call and {"e": "ack", "ids", "t"} once it
+returned; {"e": "sub-ack", "ids"} after
 a subscribe() callback acked; {"e": "error", "what"} for anything unexpected.
 """
 
@@ -74,6 +75,7 @@ def puller(a: argparse.Namespace, out: Records, rng: random.Random, *, drain: bo
             out.write(e="recv", ids=[m.message.message_id for m in got], t=now, called=called, deadline=a.deadline)
             if not drain:
                 time.sleep(rng.uniform(0.0, 0.3))  # some work
+            out.write(e="ack-call", ids=[m.message.message_id for m in got])  # a kill mid-call may leave it applied
             sub.acknowledge(subscription=a.subscription, ack_ids=[m.ack_id for m in got])
             out.write(e="ack", ids=[m.message.message_id for m in got], t=time.time())
         elif drain and now - empty_since > 2 * a.deadline and sub.get_backlog(a.subscription).num_unacked_messages == 0:

@@ -68,12 +68,24 @@ def _serve(out_dir: str, settings: EndpointSettings, ports: Any) -> None:  # pra
     seen: dict[tuple[str, str, str], int] = {}
     log = open(Path(out_dir) / "requests.jsonl", "a", buffering=1 << 16)
 
+    # Each distinct bearer token once (the pusher reuses a token until near its expiry), so a
+    # test can grep the job's log for them without a token on every request line.
+    tokens_seen: set[str] = set()
+    tokens = open(Path(out_dir) / "tokens.txt", "a", buffering=1)
+
     def record(**fields: Any) -> None:
         log.write(json.dumps(fields, separators=(",", ":")) + "\n")
+
+    def note_token(request: Any) -> None:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token and token not in tokens_seen:
+            tokens_seen.add(token)
+            tokens.write(token + "\n")
 
     def handler(kind: Behaviour) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
             t0 = time.time()
+            note_token(request)
             body = json.loads(await request.read())
             sub, mid = body.get("subscription", ""), body["message"]["messageId"]
             n = seen.get((kind, sub, mid), 0)
@@ -174,6 +186,11 @@ class ChaosEndpoint:
     def url(self, kind: Behaviour) -> str:
         port = self.refuse_port if kind == "refuse" else self.port
         return f"http://127.0.0.1:{port}/{kind}"
+
+    def tokens(self) -> set[str]:
+        """Every distinct bearer token the endpoint was sent."""
+        path = self.out_dir / "tokens.txt"
+        return set(path.read_text().split()) if path.exists() else set()
 
     def records(self) -> list[dict[str, Any]]:
         path = self.out_dir / "requests.jsonl"

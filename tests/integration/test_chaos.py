@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import ConcurrentSettings, KillSettings, concurrent, kills, summary
+from bench.chaos_endpoint import ChaosEndpoint, EndpointSettings
 from tests.background import start_selected
+from tests.leaks import Secrets
 
 
 def job_kills_under_the_failing_endpoint_mix(tmp: Path) -> None:
@@ -19,9 +21,19 @@ def job_kills_under_the_failing_endpoint_mix(tmp: Path) -> None:
     # the whole job; the last run on a damaged (truncated) streaming checkpoint. Fewer 500s
     # than the bench's 50%: the subscription's push backoff makes those the run's long tail
     # (600 messages took ~100 s at 50%).
-    r = kills(tmp, KillSettings(messages=700, kills=1, failing_messages=100, min_gap=1.5, max_gap=3.0, refuse_seconds=8.0,
+    r = kills(tmp, KillSettings(messages=600, kills=1, failing_messages=50, min_gap=1.5, max_gap=3.0, refuse_seconds=8.0,
                                 kill_worker_every=1, flaky_odds=0.2, finish_timeout=240.0))
     print(summary("kills", r))
+    # No secret in the log of every run of the job: the signing key, the tokens the endpoint
+    # was sent, the payloads (the harness publishes b"k" * 64).
+    secrets = Secrets()
+    secrets.add_key_file(tmp / "warehouse" / "_keys" / "signing-key.pem")
+    tokens = ChaosEndpoint(tmp / "endpoint", EndpointSettings(deadline=1.0)).tokens()
+    assert tokens and all(t.startswith("eyJ") for t in tokens)
+    for i, token in enumerate(sorted(tokens)):
+        secrets.add_token(f"token {i}", token)
+    secrets.add_payload("the payload", b"k" * 64)
+    assert not secrets.found((tmp / "deliver.log").read_text(errors="replace"))
     assert r["kills"] >= 2, r["kill_log"]  # a push worker kill and a job kill
     worker_kills = [k for k in r["kill_log"] if k["what"] == "push worker"]
     assert worker_kills and all(k["job_survived"] for k in worker_kills), r["kill_log"]
