@@ -596,7 +596,7 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
     records = scratch / "records"
     records.mkdir()
     server, host = _start_server(wh, scratch / "serve.log") if s.server else (None, None)
-    pusher = _PushBeside(scratch, wh, topic, s, random.Random(s.seed + 5)) if s.push else None
+    pusher: _PushBeside | None = None
     # Two pullers at least: "granted twice" is judged between pull receipts (their call times).
     roles = ["publisher", "puller", "puller", "subscriber"] + (["grpc-subscriber"] if s.server else [])
     roles += [rng.choice(["publisher", "puller", "puller", "subscriber"] + (["grpc-subscriber", "grpc-publisher"] if s.server else []))
@@ -604,6 +604,7 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
     procs: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
     push: dict[str, Any] | None = None
     try:
+        pusher = _PushBeside(scratch, wh, topic, s, random.Random(s.seed + 5)) if s.push else None
         for i, role in enumerate(roles[: s.processes]):
             procs[i] = (role, _start_client(role, wh, sub_path, topic, records / f"{i}-{role}.jsonl", host, s.seed + i, s.lease_cap))
         kills = 0
@@ -640,11 +641,13 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
         for _, proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
-        if server is not None:
-            server.terminate()
-            server.wait(30)
-        if pusher is not None:
-            pusher.close()
+        try:
+            if server is not None:
+                server.terminate()
+                server.wait(30)
+        finally:
+            if pusher is not None:
+                pusher.close()
     # Acks never confirmed: subscribe()'s (not confirmed to its callback) and acknowledge calls
     # a kill cut (after their commit, maybe). Such an id counts as acked only if the drain then
     # found the subscription empty (it would have got it back otherwise), and never as the
@@ -654,7 +657,9 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
     figures = check_pulls(got.published, got.receipts, got.acks + [Ack("unconfirmed", m, float("inf")) for m in unconfirmed])
     left = sub.get_backlog(sub_path).num_unacked_messages
     out: dict[str, Any] = {"processes": s.processes, "roles": roles[: s.processes], "seconds": s.seconds, "kills": kills,
-                           **figures, "backlog_left": left, "acked_by_unconfirmed_calls": len(unconfirmed & got.published),
+                           **figures, "backlog_left": left,
+                           "acked_by_cut_ack_calls": len((got.ack_called - confirmed - got.subscribe_acked) & got.published),
+                           "acked_by_subscribe_callbacks": len((got.subscribe_acked - confirmed) & got.published),
                            "unexpected_exceptions": got.errors + (_unexpected(scratch / "serve.log") if s.server else 0)}
     out["ok"] = out["lost"] == 0 and out["granted_twice"] == 0 and out["acked_then_redelivered"] == 0 and left == 0 \
         and out["unexpected_exceptions"] == 0
@@ -719,6 +724,8 @@ def _options(a: argparse.Namespace) -> Options:
         v = getattr(a, name)
         if v is not None and v < (0 if name == "kills" else 1):
             raise ValueError(f"--{name.replace('_', '-')}: must be {'>= 0' if name == 'kills' else '>= 1'}, got {v}")
+    if a.job_kill_every is not None and a.job_kill_every < 0:
+        raise ValueError(f"--job-kill-every: must be >= 0 seconds (0: no kills), got {a.job_kill_every:g}")
     return Options(
         only=tuple(x for x in a.only.split(",") if x), quick=a.quick,
         messages=a.messages or (20_000 if a.quick else 1_000_000), kills=a.kills if a.kills is not None else (4 if a.quick else 20),
