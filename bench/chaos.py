@@ -64,7 +64,7 @@ for p in (str(ROOT), str(ROOT / "lib")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from bench.chaos_check import Ack, Receipt, check_pulls, check_pushes  # noqa: E402
+from bench.chaos_check import Ack, Receipt, check_pulls, check_pushes, is_ack  # noqa: E402
 from bench.chaos_endpoint import BEHAVIOURS, ChaosEndpoint, EndpointSettings  # noqa: E402
 
 PROJECT = "chaos"
@@ -344,7 +344,7 @@ def kills(scratch: Path, s: KillSettings) -> dict[str, Any]:
                 names = {v: k for k, v in subs.items()}
                 for r in ep.records():
                     kind = names.get(r["sub"])
-                    if kind is not None and (r["st"] == 102 or 200 <= r["st"] < 300):
+                    if kind is not None and is_ack(r["st"]):
                         acked[kind].add(r["m"])
                 # Every id acked at the endpoint, and no backlog left: an ambiguous ack (a 2xx
                 # whose body outlasted the deadline) counts at the endpoint, but the pusher
@@ -528,7 +528,7 @@ class _PushBeside:
         sub.close()
         self.kill_times: list[float] = []
         self.job = start_job(wh, self.log_path)
-        self._began, self._pushed_at_start = time.time(), self._pushed()
+        self._pushed_at_start = self._pushed()
         self._next_kill = self._schedule()
 
     def _pushed(self) -> int:
@@ -546,7 +546,7 @@ class _PushBeside:
             self.kill_times.append(kill_group(self.job))
             log(f"concurrent: push job killed ({len(self.kill_times)})")
             self.job = start_job(self.wh, self.log_path)
-            self._began, self._pushed_at_start = time.time(), self._pushed()
+            self._pushed_at_start = self._pushed()
             self._next_kill = self._schedule()
 
     def finish(self, published: set[str]) -> dict[str, Any]:
@@ -559,7 +559,7 @@ class _PushBeside:
         deadline = time.time() + self.s.push_timeout
         try:
             while time.time() < deadline:
-                acked = {r["m"] for r in self.endpoint.records() if r["sub"] == self.name and (r["st"] == 102 or 200 <= r["st"] < 300)}
+                acked = {r["m"] for r in self.endpoint.records() if r["sub"] == self.name and is_ack(r["st"])}
                 if published <= acked and sub.get_backlog(self.name).num_unacked_messages == 0:
                     break
                 if self.job.poll() is not None:
