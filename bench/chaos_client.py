@@ -8,7 +8,8 @@ acknowledge: each receipt with its pull call's start, each ack once confirmed),
 (google-cloud-pubsub through ``deltabus serve`` at --host), ``drain`` (a puller that stops
 once the subscription gave nothing for two ack deadlines and has no unacked message left). SIGTERM stops a role cleanly.
 
-Records: {"e": "pub", "ids": [...]} once a publish returned; {"e": "recv", "ids", "t",
+Records: {"e": "start", "pid", "role"} first in each run (a restarted client appends to its
+file); {"e": "pub", "ids": [...]} once a publish returned; {"e": "recv", "ids", "t",
 "called", "deadline"} (``called`` None for subscribe(), whose lease round is not seen);
 {"e": "ack-call", "ids"} before an acknowledge call and {"e": "ack", "ids", "t"} once it
 returned; {"e": "sub-ack", "ids"} after
@@ -141,6 +142,7 @@ def main() -> int:
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     out = Records(a.out)
+    out.write(e="start", pid=os.getpid(), role=a.role)
     rng = random.Random(a.seed)
     try:
         if a.role == "publisher":

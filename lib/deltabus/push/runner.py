@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..config import Settings
 from ..errors import FailedPrecondition, InvalidArgument
@@ -56,22 +56,49 @@ def _cheap_local_checkpoints(spark: "SparkSession", checkpoint: str) -> None:
     spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
 
 
-def failed_while_stopping(stop_requested: bool, message: str) -> str | None:
-    """The one-line reason to log when the query failed after a stop was asked for (None: a
-    failure of its own, to raise).
+# What a forked child's death looks like in the query's failure (Hadoop's Shell for chmod, or
+# the JVM failing to fork one): seen as ``Shell$ExitCodeException exitCode=143`` and as
+# ``Cannot run program "chmod": ... Failed to exec spawn helper``.
+FORK_FAILURES = ("ExitCodeException", "Cannot run program", "spawn helper")
+
+
+def failed_while_stopping(stop_requested: bool, texts: Sequence[str]) -> str | None:
+    """The one-line cause to log when the query failed, after a stop was asked for, because a
+    process the JVM forked died or could not start (None: a failure to raise).
 
     A signal to the job's process group (Ctrl-C at a terminal, ``kill -TERM -<pgid>``) also
     reaches the children the JVM forks: without Hadoop's native library every checkpoint log
     file gets its permissions from a forked ``chmod``, and one killed mid-write failed the
-    query (``ExitCodeException exitCode=143`` in HDFSMetadataLog.write; seen once in the chaos
+    query (``ExitCodeException exitCode=143`` in HDFSMetadataLog.write; seen in the chaos
     test). The job was stopping anyway, and a failed query is a crash the next start recovers
     from (the checkpoint and the tables are written atomically), so it stops as asked, with
-    a warning instead of a traceback. Python's signal handler runs while the driver waits in
-    awaitTermination (PEP 475), so `stop` is set before the JVM reports the failure."""
+    a warning instead of a traceback. Any other failure is raised, stop or not. Python's
+    signal handler runs while the driver waits in awaitTermination (PEP 475), so `stop` is
+    set before the JVM reports the failure.
+
+    `texts`: the failure and its causes, outermost first (`exception_chain`)."""
     if not stop_requested:
         return None
-    first = next((line.strip() for line in message.splitlines() if line.strip()), "unknown error")
-    return first[:300]
+    for text in texts:
+        for line in text.splitlines():
+            if any(marker in line for marker in FORK_FAILURES):
+                return line.strip()[:300]
+    return None
+
+
+def exception_chain(exc: BaseException, limit: int = 10) -> list[str]:
+    """The texts of `exc` and of its causes, outermost first.
+
+    PySpark 4.1 keeps a JVM exception's cause as another captured exception in ``_cause`` and
+    has no public accessor for it; ``__cause__`` covers Python's own chaining."""
+    texts: list[str] = []
+    seen: set[int] = set()
+    current: object = exc
+    while isinstance(current, BaseException) and id(current) not in seen and len(texts) < limit:
+        seen.add(id(current))
+        texts.append(f"{type(current).__name__}: {current}")
+        current = getattr(current, "_cause", None) or current.__cause__
+    return texts
 
 
 def _progress(query: "StreamingQuery") -> None:
@@ -143,7 +170,7 @@ def run(
             try:
                 ended = query.awaitTermination(0.2)
             except Exception as exc:  # the query failed: a damaged checkpoint is set aside once (checkpoint_damage)
-                while_stopping = failed_while_stopping(stop is not None and stop.is_set(), str(exc))
+                while_stopping = failed_while_stopping(stop is not None and stop.is_set(), exception_chain(exc))
                 if while_stopping is not None:
                     log.warning("the streaming query failed while stopping (%s); nothing is lost: the next start resumes "
                                 "from the checkpoint", while_stopping)
