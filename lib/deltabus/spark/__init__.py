@@ -47,4 +47,8 @@ def __getattr__(name: str) -> Any:  # lazy: keep `import deltabus.spark` free of
         from .sql import register
 
         return register
+    if name == "register_sources":  # format("deltabus") on a session deltabus did not make
+        from .streaming import register as register_sources
+
+        return register_sources
     raise AttributeError(name)

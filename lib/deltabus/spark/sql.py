@@ -69,6 +69,9 @@ def register(spark: "SparkSession", warehouse: str, *, engine: EngineName = "aut
         warehouse = os.path.abspath(warehouse)
     warehouse = warehouse.rstrip("/")
     use_delta = choose_engine(engine, spark) == "delta-spark"
+    from . import streaming
+
+    streaming.register(spark)  # spark.readStream.format("deltabus"): a subscription as a stream (issue 17)
     if not use_delta:
         table_source.register(spark)
     for spec in ALL:

@@ -1,0 +1,686 @@
+"""A subscription as a Spark structured-streaming source (issue 17, part 1).
+
+    df = (spark.readStream.format("deltabus").option("warehouse", W)
+          .option("subscription", "projects/p/subscriptions/s").option("maxMessagesPerTrigger", 10000).load())
+
+Columns: message_id, data (binary), attributes (map), ordering_key ("" when none), publish_time,
+delivery_attempt, subscription. Design: docs/design/issue-17-streaming-source.md.
+
+How it stays exactly-once into a sink that writes each Spark batch id at most once
+(``idempotent_delta_sink``): ``latestOffset()`` leases through the ordinary pull (filters,
+ordering, dead-letter policy apply), writes the rows, payloads included, to an immutable
+*manifest* ``<warehouse>/_streams/<sub_uid>/<consumer>/m-<n>/`` and records it in
+``state.json`` before it returns the offset ``{"batch": n}``; ``read()`` reads only the
+manifest named by a batch's end offset, so a replay reads the same rows. The messages are
+acked when Spark commits the batch (``commit``, and again at the next planning or restart
+if a crash lost it); a thread extends the leases meanwhile. A message this source leases
+again while one of its batches holds it is not emitted a second time (``policy.stream_ledger``).
+
+Only the driver's stream runner process writes the ledger; executors read parquet files.
+One running query per (subscription, consumer). The ledger lives on a local (or mounted)
+warehouse. ``Trigger.AvailableNow`` runs one batch of at most maxMessagesPerTrigger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import pyarrow as pa
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from ..errors import InvalidArgument
+from ..policy import stream_ledger as policy
+
+log = logging.getLogger(__name__)
+
+NAME = "deltabus"
+MAX_PULL = 10_000  # one pull's most (the pull path's own limit)
+UNSETTLED_SECONDS = 7 * 24 * 3600.0  # how long an unapplied ack keeps a message out (the longest retention)
+
+SCHEMA = StructType(
+    [
+        StructField("message_id", StringType(), False),
+        StructField("data", BinaryType()),
+        StructField("attributes", MapType(StringType(), StringType())),
+        StructField("ordering_key", StringType()),
+        StructField("publish_time", TimestampType()),
+        StructField("delivery_attempt", IntegerType()),
+        StructField("subscription", StringType()),
+    ]
+)
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("message_id", pa.string(), nullable=False),
+        pa.field("data", pa.binary()),
+        pa.field("attributes", pa.map_(pa.string(), pa.string())),
+        pa.field("ordering_key", pa.string()),
+        pa.field("publish_time", pa.timestamp("us", tz="UTC")),
+        pa.field("delivery_attempt", pa.int32()),
+        pa.field("subscription", pa.string()),
+    ]
+)
+# A manifest's columns: the schema's (less subscription) plus what the ack needs.
+MANIFEST_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64()),
+        pa.field("message_id", pa.string(), nullable=False),
+        pa.field("message_version", pa.int64()),
+        pa.field("ack_id", pa.string()),
+        pa.field("delivery_attempt", pa.int32()),
+        pa.field("data", pa.binary()),
+        pa.field("attributes", pa.map_(pa.string(), pa.string())),
+        pa.field("ordering_key", pa.string()),
+        pa.field("publish_time", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+Offset = dict[str, Any]
+
+
+# -- options ---------------------------------------------------------------------------------
+def _int_option(options: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise InvalidArgument(name, f"must be an integer {lo}..{hi}, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise InvalidArgument(name, f"must be an integer {lo}..{hi}, got {raw!r}")
+    return value
+
+
+def _float_option(options: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise InvalidArgument(name, f"must be a number of seconds {lo:g}..{hi:g}, got {raw!r}") from None
+    if not (lo <= value <= hi) or math.isnan(value):
+        raise InvalidArgument(name, f"must be a number of seconds {lo:g}..{hi:g}, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """The source's options, checked (``from_options`` parses Spark's string options,
+    case-insensitively as Spark hands them over). lease_seconds None: the subscription's
+    ack deadline (at least 60 with exactly-once)."""
+
+    warehouse: str
+    subscription: str
+    consumer: str = "default"
+    max_messages_per_trigger: int = 1000
+    lease_seconds: int | None = None
+    max_lease_duration: float = 3600.0
+    pull_wait_seconds: float = 1.0
+    rows_per_partition: int = 5000
+    storage_options: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        from ..names import parse_subscription
+
+        if not isinstance(self.warehouse, str) or not self.warehouse:
+            raise InvalidArgument("warehouse", "is required: the warehouse's path or URI")
+        if "://" in self.warehouse and not self.warehouse.startswith("file://"):
+            raise InvalidArgument("warehouse", "must be a local or mounted path for the stream source (its ledger is files)")
+        if not isinstance(self.subscription, str) or not self.subscription:
+            raise InvalidArgument("subscription", "is required: projects/<project>/subscriptions/<name>")
+        parse_subscription(self.subscription, "subscription")
+        if not isinstance(self.consumer, str) or not self.consumer or len(self.consumer) > 64 or not all(
+            c.isalnum() or c in "-_" for c in self.consumer
+        ):
+            raise InvalidArgument("consumer", f"must be 1..64 letters, digits, '-' or '_', got {self.consumer!r}")
+        if not 1 <= self.max_messages_per_trigger <= 100_000:
+            raise InvalidArgument("maxMessagesPerTrigger", f"must be an integer 1..100000, got {self.max_messages_per_trigger!r}")
+        if self.lease_seconds is not None and not 10 <= self.lease_seconds <= 600:
+            raise InvalidArgument("leaseSeconds", f"must be an integer 10..600, got {self.lease_seconds!r}")
+        if not 10 <= self.max_lease_duration <= 7 * 24 * 3600:
+            raise InvalidArgument("maxLeaseDuration", f"must be a number of seconds 10..604800, got {self.max_lease_duration!r}")
+        if not 0 <= self.pull_wait_seconds <= 60:
+            raise InvalidArgument("pullWaitSeconds", f"must be a number of seconds 0..60, got {self.pull_wait_seconds!r}")
+        if not 1 <= self.rows_per_partition <= 1_000_000:
+            raise InvalidArgument("rowsPerPartition", f"must be an integer 1..1000000, got {self.rows_per_partition!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "StreamOptions":
+        lower = {str(k).lower(): v for k, v in options.items()}
+        known = {
+            "warehouse", "subscription", "consumer", "maxmessagespertrigger", "leaseseconds", "maxleaseduration",
+            "pullwaitseconds", "rowsperpartition", "path",
+        }
+        unknown = sorted(k for k in lower if k not in known and not k.startswith("storage."))
+        if unknown:
+            raise InvalidArgument(unknown[0], "is not an option of the deltabus source (warehouse, subscription, consumer, "
+                                              "maxMessagesPerTrigger, leaseSeconds, maxLeaseDuration, pullWaitSeconds, "
+                                              "rowsPerPartition, storage.<key>)")
+        lease = lower.get("leaseseconds")
+        return cls(
+            warehouse=str(lower.get("warehouse") or lower.get("path") or ""),
+            subscription=str(lower.get("subscription") or ""),
+            consumer=str(lower.get("consumer", "default")),
+            max_messages_per_trigger=_named_int(lower, "maxmessagespertrigger", "maxMessagesPerTrigger", 1, 100_000, 1000),
+            lease_seconds=None if lease is None else _named_int(lower, "leaseseconds", "leaseSeconds", 10, 600, 0),
+            max_lease_duration=_named_float(lower, "maxleaseduration", "maxLeaseDuration", 3600.0, 10, 7 * 24 * 3600),
+            pull_wait_seconds=_named_float(lower, "pullwaitseconds", "pullWaitSeconds", 1.0, 0, 60),
+            rows_per_partition=_named_int(lower, "rowsperpartition", "rowsPerPartition", 1, 1_000_000, 5000),
+            storage_options=tuple(sorted((k.removeprefix("storage."), str(v)) for k, v in lower.items() if k.startswith("storage."))),
+        )
+
+    @property
+    def ledger_root(self) -> str:
+        root = self.warehouse.removeprefix("file://")
+        return os.path.join(os.path.abspath(root), "_streams")
+
+
+def _named_int(lower: Mapping[str, str], key: str, name: str, lo: int, hi: int, default: int) -> int:
+    return default if key not in lower else _int_option({name: lower[key]}, name, default, lo, hi)
+
+
+def _named_float(lower: Mapping[str, str], key: str, name: str, default: float, lo: float, hi: float) -> float:
+    if key not in lower:
+        return default
+    return _float_option({name: lower[key]}, name, default, lo, hi)
+
+
+# -- manifests (driver writes, executors read) ---------------------------------------------------
+class ManifestPart(InputPartition):
+    """One parquet file of a batch's manifest; read on an executor, nothing else needed."""
+
+    def __init__(self, path: str, subscription: str) -> None:
+        self.path = path
+        self.subscription = subscription
+
+
+def read_part(part: ManifestPart) -> Iterator[pa.RecordBatch]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(part.path)
+    n = table.num_rows
+    out = pa.table(
+        {
+            "message_id": table["message_id"],
+            "data": table["data"],
+            "attributes": table["attributes"],
+            "ordering_key": table["ordering_key"],
+            "publish_time": table["publish_time"],
+            "delivery_attempt": table["delivery_attempt"],
+            "subscription": pa.array([part.subscription] * n, pa.string()),
+        }
+    ).cast(ARROW_SCHEMA)
+    yield from out.to_batches(max_chunksize=65536)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: str, doc: Mapping[str, Any]) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def write_manifest(directory: str, n: int, table: pa.Table, rows_per_partition: int) -> None:
+    """Manifest `n` (immutable): parts written under a temporary name, fsynced, renamed at once.
+    An empty table makes an empty manifest (a batch that only lets Spark commit the last)."""
+    import pyarrow.parquet as pq
+
+    final = os.path.join(directory, f"m-{n}")
+    tmp = os.path.join(directory, f".m-{n}.tmp-{uuid.uuid4().hex}")
+    os.makedirs(tmp)
+    if table.num_rows:
+        count = max(1, math.ceil(table.num_rows / rows_per_partition))
+        which = pa.array(policy.parts_of(table["ordering_key"].to_pylist(), count), pa.int32())
+        import pyarrow.compute as pc
+
+        for k in range(count):
+            piece = table.filter(pc.equal(which, k))
+            if piece.num_rows == 0:
+                continue
+            path = os.path.join(tmp, f"part-{k:05d}.parquet")
+            pq.write_table(piece, path)
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if os.path.exists(final):  # written by a run that died before recording it: never offered to Spark
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(directory)
+
+
+def manifest_files(directory: str, n: int) -> list[str]:
+    path = os.path.join(directory, f"m-{n}")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"the manifest of batch {n} is missing ({path}): the stream's ledger was deleted or changed; "
+            "use a new checkpoint location or another consumer"
+        )
+    return [os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".parquet")]
+
+
+# -- the per-process runtime (the driver's stream runner) ------------------------------------------
+class _Runtime:
+    """Everything with state: the engine, the ledger, the live batches' leases, the leaser
+    thread. One per (warehouse, subscription, consumer) in a process, made on first use."""
+
+    def __init__(self, opts: StreamOptions) -> None:
+        from ..registry import Registry
+        from ..storage import open_engine
+        from ..storage.clock import StorageClock, resolve_clock, wall
+
+        self.opts = opts
+        self.clock = resolve_clock(None, None)
+        self.engine = open_engine(opts.warehouse, engine="delta-rs", storage_options=dict(opts.storage_options) or None, create=False)
+        if isinstance(self.clock, StorageClock):
+            self.clock.attach(self.engine)
+        self.registry = Registry(self.engine, clock=wall(self.clock))
+        rec = self.record()
+        self.sub_uid = rec.sub_uid
+        self.dir = os.path.join(opts.ledger_root, rec.sub_uid, opts.consumer)
+        os.makedirs(self.dir, exist_ok=True)
+        self.lock = threading.RLock()
+        self.ledger = self._load()
+        self.known: int | None = None  # the newest offset Spark holds, as this process learnt it
+        # Live batches' deliveries: key -> (batch, newest ack id); batch -> its keys in order.
+        self.ack_ids: dict[policy.Key, str] = {}
+        self.batch_of: dict[policy.Key, int] = {}
+        self.keys_of: dict[int, list[policy.Key]] = {}
+        self.leased_at: dict[int, float] = {}
+        for n in self.ledger.batches:
+            self._load_keys(n)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._leaser, name=f"deltabus-stream-leaser-{opts.consumer}", daemon=True)
+        self._thread.start()
+        self._watch: Any = None
+
+    # records and state
+    def record(self) -> Any:
+        from ..errors import FailedPrecondition, SubscriptionDetached
+
+        rec = self.registry.subscription(self.opts.subscription)
+        if rec.detached:
+            raise SubscriptionDetached(rec.name)
+        if rec.push_config.is_push:
+            raise FailedPrecondition(f"{rec.name} is a push subscription; the deltabus stream source needs a pull subscription")
+        return rec
+
+    def lease_seconds(self, rec: Any) -> int:
+        seconds = self.opts.lease_seconds or int(rec.ack_deadline_seconds)
+        return max(60, seconds) if rec.enable_exactly_once_delivery else seconds
+
+    def _load(self) -> policy.Ledger:
+        path = os.path.join(self.dir, "state.json")
+        if not os.path.exists(path):
+            return policy.Ledger()
+        with open(path) as f:
+            return policy.Ledger.from_json(json.load(f))
+
+    def _save(self, ledger: policy.Ledger) -> None:
+        _write_json(os.path.join(self.dir, "state.json"), ledger.to_json())
+        self.ledger = ledger
+
+    def _load_keys(self, n: int) -> None:
+        import pyarrow.parquet as pq
+
+        keys: list[policy.Key] = []
+        for path in manifest_files(self.dir, n):
+            t = pq.read_table(path, columns=["seq", "message_id", "message_version", "ack_id"])
+            for _, m, v, a in sorted(zip(*(t[c].to_pylist() for c in ("seq", "message_id", "message_version", "ack_id")))):
+                keys.append((m, v))
+                self.ack_ids[(m, v)] = a
+                self.batch_of[(m, v)] = n
+        self.keys_of[n] = keys
+        self.leased_at[n] = time.time()
+
+    def offset(self, n: int) -> Offset:
+        return {"batch": n, "consumer": self.opts.consumer, "sub": self.sub_uid}
+
+    def batch_number(self, offset: Mapping[str, Any]) -> int:
+        if offset.get("sub", self.sub_uid) != self.sub_uid or offset.get("consumer", self.opts.consumer) != self.opts.consumer:
+            raise InvalidArgument(
+                "consumer",
+                f"the checkpoint's offsets belong to consumer {offset.get('consumer')!r} of subscription uid "
+                f"{offset.get('sub')!r}, not {self.opts.consumer!r} of {self.sub_uid!r}: use a new checkpoint location",
+            )
+        return int(offset["batch"])
+
+    # Spark's calls
+    def latest(self) -> Offset:
+        with self.lock:
+            pending = self.ledger.pending
+            if pending is not None:  # offered again until Spark plans it (also an earlier run's)
+                return self.offset(pending)
+            rows = self._lease_rows()
+            if rows is None or (rows.num_rows == 0 and not self._flush_due()):
+                if rows is not None and self.opts.pull_wait_seconds > 0:
+                    self._wait()
+                    rows = self._lease_rows()
+                if rows is None or (rows.num_rows == 0 and not self._flush_due()):
+                    return self.offset(self._current())
+            ledger, n = policy.new_batch(self.ledger)
+            write_manifest(self.dir, n, rows, self.opts.rows_per_partition)
+            self._save(ledger)
+            keys = list(zip(rows["message_id"].to_pylist(), rows["message_version"].to_pylist()))
+            self.keys_of[n] = keys
+            self.leased_at[n] = time.time()
+            for key, ack in zip(keys, rows["ack_id"].to_pylist()):
+                self.ack_ids[key] = ack
+                self.batch_of[key] = n
+            self.known = n
+            return self.offset(n)
+
+    def _current(self) -> int:
+        if self.known is not None:
+            return self.known
+        planned = self.ledger.newest_planned
+        return planned if planned is not None else 0
+
+    def _flush_due(self) -> bool:
+        """A planned batch with rows awaits its commit, which Spark only sends when it plans
+        the next batch: an empty batch lets it (otherwise acks wait for the next message)."""
+        newest = self.ledger.newest_planned
+        return newest is not None and newest == self.ledger.next - 1 and bool(self.keys_of.get(newest))
+
+    def _wait(self) -> None:
+        from ..watch import watcher
+
+        if self._watch is None:
+            lw = watcher()
+            uris = []
+            for table in ("messages", "deliveries"):
+                uri = self.engine.table_uri(table)
+                lw.watch(uri, _version_reader(self.engine, table))
+                uris.append(uri)
+            self._watch = (lw, uris, lw.current(uris))
+        lw, uris, seen = self._watch
+        lw.wait_newer(seen, self.opts.pull_wait_seconds)
+        self._watch = (lw, uris, lw.current(uris))
+
+    def _lease_rows(self) -> pa.Table | None:
+        """Pull up to maxMessagesPerTrigger new deliveries; None when the clock is uncertain."""
+        from ..delivery.operations import acknowledge_results, pull
+        from ..delivery.payloads import read_payloads
+        from ..errors import ClockUncertain
+        from ..storage.arrow import plain
+        from .. import ackid
+
+        rec = self.record()
+        lease = self.lease_seconds(rec)
+        self.ledger = policy.expire_unsettled(self.ledger, time.time())
+        emitted: list[tuple[str, int, int, str]] = []  # message_id, version, attempt, ack id
+        remaining = self.opts.max_messages_per_trigger
+        while remaining > 0:
+            want = min(remaining, MAX_PULL)
+            try:
+                leases = pull(self.engine, rec, max_messages=want, lease_seconds=lease, clock=self.clock)
+            except ClockUncertain as e:
+                log.warning("stream %s: no lease this trigger: %s", rec.name, e)
+                if not emitted:
+                    return None
+                break
+            keys = [(l.message_id, l.message_version) for l in leases]
+            split = policy.absorb(keys, self.batch_of, self.ledger.unsettled)
+            for key, i in split.renewed.items():
+                l = leases[i]
+                self.ack_ids[key] = ackid.encode(rec.sub_uid, l.message_id, l.delivery_attempt, l.message_version)
+            if split.ack_now:
+                refs = [(leases[i].message_id, leases[i].delivery_attempt, leases[i].message_version) for i in split.ack_now]
+                acknowledge_results(self.engine, rec, refs)
+                unsettled = {k: t for k, t in self.ledger.unsettled.items() if k not in {keys[i] for i in split.ack_now}}
+                self._save(replace(self.ledger, unsettled=unsettled))
+            for i in split.emit:
+                l = leases[i]
+                emitted.append((l.message_id, l.message_version, l.delivery_attempt,
+                                ackid.encode(rec.sub_uid, l.message_id, l.delivery_attempt, l.message_version)))
+            remaining = self.opts.max_messages_per_trigger - len(emitted)
+            if len(leases) < want:
+                break
+        ids = [e[0] for e in emitted]
+        payloads = plain(read_payloads(self.engine, rec.topic_uid, pa.array(ids, pa.string())))
+        index = {m: i for i, m in enumerate(payloads["message_id"].to_pylist())}
+        keep = [j for j, e in enumerate(emitted) if e[0] in index]
+        if len(keep) < len(emitted):  # gone from messages (retention): the lease just lapses, as pull's
+            log.error("stream %s: %d leased messages have no payload", rec.name, len(emitted) - len(keep))
+        take = pa.array([index[emitted[j][0]] for j in keep], pa.int64())
+        rows = payloads.take(take)
+        keys_col = rows["ordering_key"].fill_null("")
+        return pa.table(
+            {
+                "seq": pa.array(range(len(keep)), pa.int64()),
+                "message_id": pa.array([emitted[j][0] for j in keep], pa.string()),
+                "message_version": pa.array([emitted[j][1] for j in keep], pa.int64()),
+                "ack_id": pa.array([emitted[j][3] for j in keep], pa.string()),
+                "delivery_attempt": pa.array([emitted[j][2] for j in keep], pa.int32()),
+                "data": rows["data"].fill_null(b""),
+                "attributes": rows["attributes"],
+                "ordering_key": keys_col,
+                "publish_time": rows["publish_time"],
+            }
+        ).cast(MANIFEST_SCHEMA)
+
+    def partitions(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> list[ManifestPart]:
+        with self.lock:
+            s, e = self.batch_number(start), self.batch_number(end)
+            if s == e:  # Spark's restart probe: e is the newest batch in its offset log
+                ledger, to_ack = policy.probe(self.ledger, e)
+                if ledger is not self.ledger:
+                    self._save(ledger)
+                self.known = e
+                self._ack(to_ack)
+                return []
+            ledger, to_ack = policy.plan(self.ledger, s, e)
+            self._save(ledger)  # recorded before Spark reads it
+            self.known = e
+            files = manifest_files(self.dir, e)
+            self._ack(to_ack)
+            return [ManifestPart(f, self.opts.subscription) for f in files]
+
+    def commit(self, end: Mapping[str, Any]) -> None:
+        with self.lock:
+            self._ack(policy.committed_by(self.ledger, self.batch_number(end)))
+
+    def _ack(self, batches: Sequence[int]) -> None:
+        from ..delivery.operations import acknowledge_results
+        from ..delivery.model import Result
+        from .. import ackid
+
+        if not batches:
+            return
+        rec = self.registry.subscription(self.opts.subscription)
+        for n in batches:
+            keys = self.keys_of.get(n, [])
+            refs = []
+            for key in keys:
+                d = ackid.decode(self.ack_ids[key])
+                refs.append((d.message_id, d.delivery_attempt, d.message_version))
+            results = acknowledge_results(self.engine, rec, refs) if refs else []
+            failed = [keys[i] for i, r in enumerate(results) if r.result is not Result.SUCCESS]
+            if failed:
+                log.info("stream %s: %d acks of batch %d did not apply (kept out of later batches)", rec.name, len(failed), n)
+            self._save(policy.acked(self.ledger, n, failed, time.time() + UNSETTLED_SECONDS))
+            shutil.rmtree(os.path.join(self.dir, f"m-{n}"), ignore_errors=True)
+            for key in keys:
+                if self.batch_of.get(key) == n:
+                    del self.batch_of[key]
+                    self.ack_ids.pop(key, None)
+            self.keys_of.pop(n, None)
+            self.leased_at.pop(n, None)
+
+    # the leaser
+    def _leaser(self) -> None:
+        from ..delivery.operations import modify_deadline_results
+        from ..policy.leases import next_pass_delay
+        from .. import ackid
+
+        delay = 0.0  # at once: re-take the leases of an earlier run's batches
+        while not self._stop.wait(delay):
+            try:
+                rec = self.registry.subscription(self.opts.subscription)
+                lease = self.lease_seconds(rec)
+                delay = next_pass_delay(lease, random.random())
+                now = time.time()
+                with self.lock:
+                    ids = [self.ack_ids[k] for n, keys in self.keys_of.items() if now - self.leased_at.get(n, now) < self.opts.max_lease_duration
+                           for k in keys if k in self.ack_ids]
+                if ids:
+                    refs = []
+                    for a in ids:
+                        d = ackid.decode(a)
+                        refs.append((d.message_id, d.delivery_attempt, d.message_version))
+                    modify_deadline_results(self.engine, rec, refs, lease, clock=self.clock)
+            except Exception:  # the next pass tries again; a lapsed lease is absorbed when re-pulled
+                log.exception("stream %s: lease extension failed", self.opts.subscription)
+                delay = 1.0
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+
+def _version_reader(engine: Any, table: str) -> Callable[[], int]:
+    return lambda: int(engine.version(table))
+
+
+_RUNTIMES: dict[tuple[str, str, str], _Runtime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def _runtime(opts: StreamOptions) -> _Runtime:
+    key = (opts.warehouse, opts.subscription, opts.consumer)
+    with _RUNTIMES_LOCK:
+        rt = _RUNTIMES.get(key)
+        if rt is None:
+            rt = _Runtime(opts)
+            _RUNTIMES[key] = rt
+        return rt
+
+
+# -- Spark's classes ---------------------------------------------------------------------------
+class SubscriptionStreamReader(DataSourceStreamReader):
+    """Holds only the options (picklable; opens nothing until Spark calls it)."""
+
+    def __init__(self, opts: StreamOptions) -> None:
+        self.opts = opts
+
+    def initialOffset(self) -> Offset:
+        rt = _runtime(self.opts)
+        if rt.known is None:
+            rt.known = 0
+        return rt.offset(0)
+
+    def latestOffset(self) -> Offset:
+        return _runtime(self.opts).latest()
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        return _runtime(self.opts).partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ManifestPart)
+        return read_part(partition)
+
+    def commit(self, end: Offset) -> None:
+        _runtime(self.opts).commit(end)
+
+    def stop(self) -> None:
+        key = (self.opts.warehouse, self.opts.subscription, self.opts.consumer)
+        with _RUNTIMES_LOCK:
+            rt = _RUNTIMES.pop(key, None)
+        if rt is not None:
+            rt.stop()
+
+
+def check_subscription(opts: StreamOptions) -> None:
+    """At load(): the warehouse exists and the subscription is a live pull subscription."""
+    from ..registry import Registry
+    from ..storage import open_engine
+    from ..errors import FailedPrecondition, SubscriptionDetached
+
+    engine = open_engine(opts.warehouse, engine="delta-rs", storage_options=dict(opts.storage_options) or None, create=False)
+    rec = Registry(engine, clock=time.time).subscription(opts.subscription)
+    if rec.detached:
+        raise SubscriptionDetached(rec.name)
+    if rec.push_config.is_push:
+        raise FailedPrecondition(f"{rec.name} is a push subscription; the deltabus stream source needs a pull subscription")
+
+
+class SubscriptionSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        check_subscription(StreamOptions.from_options(self.options))
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from .source import _ignore_terminal_interrupt
+
+        _ignore_terminal_interrupt()  # called in the stream's source runner process
+        return SubscriptionStreamReader(StreamOptions.from_options(self.options))
+
+
+def register(spark: Any) -> None:
+    """Make ``spark.readStream.format("deltabus")`` available on `spark`."""
+    spark.dataSource.register(SubscriptionSource)
+
+
+# -- a sink that writes each Spark batch once ----------------------------------------------------------
+def idempotent_delta_sink(uri: str, app_id: str, *, storage_options: Mapping[str, str] | None = None) -> Callable[[Any, int], None]:
+    """A ``foreachBatch`` function appending each micro-batch to the Delta table at `uri`
+    with delta-rs, at most once per batch id: the batch id is recorded as application
+    transaction `app_id` in the same commit, and a batch id not above the recorded one is
+    skipped (a replay after a crash)."""
+    if not app_id:
+        raise InvalidArgument("app_id", "must be a non-empty string (one per query)")
+
+    def write(df: Any, batch_id: int) -> None:
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        from deltalake.exceptions import TableNotFoundError
+
+        table = df.toArrow()
+        props = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
+        opts = dict(storage_options) if storage_options else None
+        try:
+            dt = DeltaTable(uri, storage_options=opts)
+        except TableNotFoundError:
+            write_deltalake(uri, table, mode="append", storage_options=opts, commit_properties=props)
+            return
+        done = dt.transaction_version(app_id)
+        if (done is not None and done >= batch_id) or table.num_rows == 0:
+            return
+        write_deltalake(dt, table, mode="append", commit_properties=props)
+
+    return write
