@@ -1,0 +1,190 @@
+"""A subscription as a structured-streaming source (issue 17 part 1): format("deltabus").
+
+Real SparkSession, real warehouses, sinks written with delta-rs through
+``idempotent_delta_sink``. The SIGKILL test runs the query in child processes
+(``_stream_worker.py``) killed at random points."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from deltabus.errors import InvalidArgument
+from deltabus.spark.streaming import NAME, StreamOptions, idempotent_delta_sink, register
+
+pytestmark = pytest.mark.spark
+
+HERE = Path(__file__).resolve().parent
+
+
+def _stream(spark, warehouse, subscription, **options):
+    register(spark)
+    reader = spark.readStream.format(NAME).option("warehouse", warehouse).option("subscription", subscription)
+    for k, v in options.items():
+        reader = reader.option(k, str(v))
+    return reader.load()
+
+
+def _sink_rows(uri: str) -> list[dict]:
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(uri).to_pyarrow_table().to_pylist()
+    except TableNotFoundError:  # not there yet, or its first commit is being written
+        return []
+
+
+def _run_until(query, done, timeout=60.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if query.exception() is not None:
+            raise AssertionError(f"query failed: {query.exception()}")
+        if done():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_messages_flow_into_a_delta_sink_exactly_once_in_order_and_filtered(spark, pub, sub, topic, warehouse, tmp_path):
+    s = sub.subscription_path("local", "stream")
+    sub.create_subscription(request={"name": s, "topic": topic, "ack_deadline_seconds": 30, "enable_message_ordering": True,
+                                     "filter": 'NOT attributes:drop'})
+    published = pub.publish_batch(topic, [{"data": f"m{i}".encode(), "attributes": {"i": str(i)}} for i in range(250)])
+    dropped = pub.publish_batch(topic, [{"data": b"d", "attributes": {"drop": "1"}}] * 40)
+    published += pub.publish_batch(topic, [{"data": f"k{i}".encode(), "ordering_key": f"key{i % 3}"} for i in range(60)])
+    sink = str(tmp_path / "sink")
+    df = _stream(spark, warehouse, s, maxMessagesPerTrigger=100, rowsPerPartition=40)
+    assert [f.name for f in df.schema] == ["message_id", "data", "attributes", "ordering_key", "publish_time", "delivery_attempt", "subscription"]
+    write = idempotent_delta_sink(sink, "q1")
+
+    def numbered(batch, batch_id):  # the batch id and the read order, to check ordering afterwards
+        from pyspark.sql import functions as F
+
+        write(batch.withColumn("batch", F.lit(batch_id)).withColumn("pos", F.monotonically_increasing_id()), batch_id)
+
+    query = (df.writeStream.foreachBatch(numbered).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="0.1 seconds").start())
+    try:
+        assert _run_until(query, lambda: len(_sink_rows(sink)) >= len(published))
+        more = pub.publish_batch(topic, [{"data": b"late"}] * 5)  # while it runs
+        assert _run_until(query, lambda: len(_sink_rows(sink)) >= len(published) + 5)
+        # Acked on commit: the backlog empties (the last batch's ack waits for an empty batch).
+        assert _run_until(query, lambda: sub.get_backlog(s).num_unacked_messages == 0)
+    finally:
+        query.stop()
+    rows = _sink_rows(sink)
+    ids = [r["message_id"] for r in rows]
+    assert sorted(ids) == sorted(published + more) and len(ids) == len(set(ids))  # every id exactly once
+    assert not set(ids) & set(dropped)  # the filter holds: non-matching messages never reach a batch
+    by_id = {r["message_id"]: r for r in rows}
+    first = by_id[published[7]]
+    assert first["data"] == b"m7" and dict(first["attributes"]) == {"i": "7"} and first["ordering_key"] == ""
+    assert first["delivery_attempt"] == 1 and first["subscription"] == s and first["publish_time"] is not None
+    # Ordering: within each key, publish order, inside each batch and across batches.
+    keyed = sorted((r for r in rows if r["ordering_key"]), key=lambda r: (r["batch"], r["pos"]))
+    for k in ("key0", "key1", "key2"):
+        got = [r["data"] for r in keyed if r["ordering_key"] == k]
+        assert sorted(got, key=lambda d: int(d[1:])) == got
+    # The ledger keeps nothing once everything is acked (manifests are deleted).
+    ledgers = list((Path(warehouse) / "_streams").glob("*/default"))
+    assert len(ledgers) == 1 and not list(ledgers[0].glob("m-*/*.parquet"))  # at most the last empty batch's
+
+
+def test_a_failed_batch_is_not_acked_and_its_messages_come_back(spark, pub, sub, topic, warehouse, tmp_path):
+    s = sub.subscription_path("local", "failing")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=10)
+    published = pub.publish_batch(topic, [{"data": f"x{i}".encode()} for i in range(30)])
+    seen: list[tuple[int, list[str]]] = []
+
+    def failing(df, batch_id):
+        seen.append((batch_id, sorted(r["message_id"] for r in df.select("message_id").collect())))
+        raise RuntimeError("sink down")
+
+    ck = str(tmp_path / "ck")
+    query = (_stream(spark, warehouse, s, leaseSeconds=10).writeStream.foreachBatch(failing).option("checkpointLocation", ck)
+             .trigger(processingTime="0.1 seconds").start())
+    deadline = time.time() + 60
+    while query.isActive and time.time() < deadline:
+        time.sleep(0.1)
+    assert not query.isActive and query.exception() is not None
+    assert seen and seen[0][1] == sorted(published)
+    assert sub.get_backlog(s).num_unacked_messages == 30  # nothing acked
+    # Restarted on the same checkpoint, the same batch id is replayed with the same rows.
+    sink = str(tmp_path / "sink")
+    query = (_stream(spark, warehouse, s, leaseSeconds=10).writeStream.foreachBatch(idempotent_delta_sink(sink, "r"))
+             .option("checkpointLocation", ck).trigger(processingTime="0.1 seconds").start())
+    try:
+        assert _run_until(query, lambda: len(_sink_rows(sink)) >= 30)
+        assert _run_until(query, lambda: sub.get_backlog(s).num_unacked_messages == 0)
+    finally:
+        query.stop()
+    ids = [r["message_id"] for r in _sink_rows(sink)]
+    assert sorted(ids) == sorted(published)
+    assert DeltaTable(sink).transaction_version("r") is not None
+    # Not restarted: the leases lapse and a plain puller gets the messages again.
+    s2 = sub.subscription_path("local", "failing2")
+    sub.create_subscription(name=s2, topic=topic, ack_deadline_seconds=10)
+    more = pub.publish_batch(topic, [{"data": b"y"}] * 5)
+    query = (_stream(spark, warehouse, s2, leaseSeconds=10).writeStream.foreachBatch(failing)
+             .option("checkpointLocation", str(tmp_path / "ck2")).trigger(processingTime="0.1 seconds").start())
+    while query.isActive and time.time() < deadline + 60:
+        time.sleep(0.1)
+    got: list[str] = []
+    until = time.time() + 30
+    while time.time() < until and len(got) < 5:
+        resp = sub.pull(subscription=s2, max_messages=10, timeout=2)
+        got += [m.message.message_id for m in resp.received_messages]
+        if resp.received_messages:
+            sub.acknowledge(subscription=s2, ack_ids=[m.ack_id for m in resp.received_messages])
+    assert sorted(got) == sorted(more)
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({}, "warehouse"),
+        ({"warehouse": "W"}, "subscription"),
+        ({"warehouse": "W", "subscription": "nope"}, "subscription"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "maxMessagesPerTrigger": "0"}, "maxMessagesPerTrigger"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "maxmessagespertrigger": "lots"}, "maxMessagesPerTrigger"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "leaseSeconds": "5"}, "leaseSeconds"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "consumer": "a b"}, "consumer"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "pullWaitSeconds": "-1"}, "pullWaitSeconds"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "maxMesagesPerTrigger": "5"}, "maxmesagespertrigger"),
+        ({"warehouse": "s3://b/w", "subscription": "projects/p/subscriptions/sss"}, "warehouse"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_rule(options, field):
+    with pytest.raises(InvalidArgument) as e:
+        StreamOptions.from_options(options)
+    assert e.value.field == field and e.value.rule
+
+
+def test_load_refuses_a_missing_subscription_with_a_clear_error(spark, pub, topic, warehouse):
+    from pyspark.errors import PySparkException
+    from py4j.protocol import Py4JJavaError
+
+    with pytest.raises((PySparkException, Py4JJavaError, Exception)) as e:
+        _stream(spark, warehouse, "projects/local/subscriptions/missing")
+    assert "missing" in str(e.value) and "NotFound" in str(e.value) or "not found" in str(e.value).lower()
+
+
+def test_the_reader_and_its_partitions_pickle_and_open_nothing(tmp_path):
+    from pyspark import cloudpickle
+
+    from deltabus.spark.streaming import ManifestPart, SubscriptionStreamReader, _RUNTIMES
+
+    opts = StreamOptions.from_options({"warehouse": str(tmp_path / "nowhere"), "subscription": "projects/p/subscriptions/sss"})
+    reader = SubscriptionStreamReader(opts)
+    again = cloudpickle.loads(cloudpickle.dumps(reader))
+    assert again.opts == opts and not _RUNTIMES and not (tmp_path / "nowhere").exists()
+    part = cloudpickle.loads(cloudpickle.dumps(ManifestPart("/x/part-00000.parquet", "projects/p/subscriptions/sss")))
+    assert part.path == "/x/part-00000.parquet"
