@@ -243,3 +243,60 @@ def test_sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_
     assert sub.get_backlog(s).num_unacked_messages == 0
     ledger = next((Path(warehouse) / "_streams").glob("*/default"))
     assert not list(ledger.glob("m-*/*.parquet"))  # no live manifest with rows left
+
+
+def test_restart_orders_replay_the_same_rows_and_never_emit_a_message_twice(pub, sub, topic, warehouse):
+    """The runner's calls in Spark's orders, without Spark (delta-rs warehouse): a crash after
+    planning, the restart probe, a replay, leases lost meanwhile and re-pulled (absorbed, not
+    emitted), an orphan offered again after a crash before Spark logged it."""
+    import pyarrow.parquet as pq
+
+    from deltabus.spark.streaming import _Runtime
+
+    s = sub.subscription_path("local", "orders-of-calls")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=30)
+    published = pub.publish_batch(topic, [{"data": f"r{i}".encode()} for i in range(40)])
+    opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "maxMessagesPerTrigger": "25", "pullWaitSeconds": "0"})
+
+    def rows(parts):
+        return [r for p in parts for r in pq.read_table(p.path).to_pylist()]
+
+    a = _Runtime(opts)
+    one = a.latest()
+    assert one["batch"] == 1 and a.latest() == one  # offered again until Spark plans it
+    first = rows(a.partitions(a.offset(0), one))
+    assert len(first) == 25
+    a.stop()  # crash: batch 1 planned (in Spark's offset log), not committed
+    # Its leases are lost meanwhile (nacked here instead of waiting for them to lapse).
+    sub.modify_ack_deadline(subscription=s, ack_ids=[r["ack_id"] for r in first], ack_deadline_seconds=0)
+
+    b = _Runtime(opts)
+    assert b.partitions(one, one) == []  # Spark's restart probe
+    assert rows(b.partitions(b.offset(0), one)) == first  # the replay reads the same rows
+    two = b.latest()  # re-pulls the 25 nacked messages (absorbed) and leases the other 15
+    second = rows(b.partitions(one, two))
+    assert sorted(r["message_id"] for r in first + second) == sorted(published)  # each once
+    b.commit(one)
+    orphan_msgs = pub.publish_batch(topic, [{"data": b"o"}] * 3)
+    three = b.latest()
+    b.stop()  # crash before Spark logged batch 3: an orphan
+
+    c = _Runtime(opts)
+    assert c.partitions(two, two) == []
+    assert c.latest() == three  # the orphan is offered as the next batch, not lost
+    third = rows(c.partitions(two, three))
+    assert sorted(r["message_id"] for r in third) == sorted(orphan_msgs)
+    c.commit(two)
+    # An ack that does not apply (the lease was lost and the message leased by someone else
+    # meanwhile) leaves the message "unsettled": leased to this source again, it is acked, not emitted.
+    sub.modify_ack_deadline(subscription=s, ack_ids=[r["ack_id"] for r in third], ack_deadline_seconds=0)
+    other = sub.pull(subscription=s, max_messages=10, timeout=5).received_messages
+    assert sorted(m.message.message_id for m in other) == sorted(orphan_msgs)
+    four = c.latest()  # nothing to lease: an empty batch, so that Spark commits batch 3
+    assert c.partitions(three, four) == [] and four["batch"] == 4  # planning 4 acks 3: it does not apply
+    assert len(c.ledger.unsettled) == 3
+    sub.modify_ack_deadline(subscription=s, ack_ids=[m.ack_id for m in other], ack_deadline_seconds=0)
+    five = c.latest()  # pulls the 3 again: acked at once, not emitted, so nothing new
+    assert five == four and not c.ledger.unsettled
+    c.stop()
+    assert sub.get_backlog(s).num_unacked_messages == 0
