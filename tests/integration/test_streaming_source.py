@@ -147,6 +147,39 @@ def test_a_failed_batch_is_not_acked_and_its_messages_come_back(spark, pub, sub,
     assert sorted(got) == sorted(more)
 
 
+def test_a_batch_failing_after_a_completed_one_is_nacked_by_the_listener(spark, pub, sub, topic, warehouse, tmp_path):
+    """Leases of an hour: only the nack can hand the failed batch's messages back at once."""
+    s = sub.subscription_path("local", "nacked")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=600)
+    first = pub.publish_batch(topic, [{"data": b"ok"}] * 10)
+    sink = str(tmp_path / "sink")
+    write = idempotent_delta_sink(sink, "n")
+    failed: list[str] = []
+
+    def second_fails(df, batch_id):  # fails on the batch holding the "boom" messages
+        rows = df.select("message_id", "data").collect()
+        if not any(r["data"] == b"boom" for r in rows):
+            write(df, batch_id)
+            return
+        failed.extend(r["message_id"] for r in rows)
+        raise RuntimeError("sink down")
+
+    query = (_stream(spark, warehouse, s, leaseSeconds=600).writeStream.foreachBatch(second_fails)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="0.1 seconds").start())
+    assert _run_until(query, lambda: len(_sink_rows(sink)) == 10)
+    later = pub.publish_batch(topic, [{"data": b"boom"}] * 5)
+    deadline = time.time() + 60
+    while query.isActive and time.time() < deadline:
+        time.sleep(0.1)
+    assert query.exception() is not None and sorted(failed) == sorted(later)
+    got: list[str] = []
+    until = time.time() + 30  # far less than the 600 s lease
+    while time.time() < until and len(got) < 5:
+        got += [m.message.message_id for m in sub.pull(subscription=s, max_messages=10, timeout=1).received_messages]
+    assert sorted(got) == sorted(later)
+    assert sorted(r["message_id"] for r in _sink_rows(sink)) == sorted(first)
+
+
 @pytest.mark.parametrize(
     "options, field",
     [

@@ -32,6 +32,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -365,7 +366,12 @@ class _Runtime:
         self.leased_at[n] = time.time()
 
     def offset(self, n: int) -> Offset:
-        return {"batch": n, "consumer": self.opts.consumer, "sub": self.sub_uid}
+        # The warehouse lets the driver's listener find the ledger of a failed query (nack_failed).
+        return {"batch": n, "consumer": self.opts.consumer, "sub": self.sub_uid, "warehouse": self.warehouse_path}
+
+    @property
+    def warehouse_path(self) -> str:
+        return os.path.dirname(self.opts.ledger_root)
 
     def batch_number(self, offset: Mapping[str, Any]) -> int:
         if offset.get("sub", self.sub_uid) != self.sub_uid or offset.get("consumer", self.opts.consumer) != self.opts.consumer:
@@ -653,8 +659,95 @@ class SubscriptionSource(DataSource):
 
 
 def register(spark: Any) -> None:
-    """Make ``spark.readStream.format("deltabus")`` available on `spark`."""
+    """Make ``spark.readStream.format("deltabus")`` available on `spark`, and add the listener
+    that nacks the batch a query of this source failed in (once per session)."""
     spark.dataSource.register(SubscriptionSource)
+    with _RUNTIMES_LOCK:
+        if spark in _LISTENED:
+            return
+        _LISTENED[spark] = True
+    spark.streams.addListener(_nack_on_failure())
+
+
+_LISTENED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _nack_on_failure() -> Any:
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class NackOnFailure(StreamingQueryListener):
+        """Remembers each query run's last completed end offset of this source (progress is
+        posted after the commit log is written); when the run ends with an exception, nacks
+        the batches after it (their leases end now instead of after leaseSeconds). A batch
+        failing before any batch of the run completed is not seen (no progress event):
+        its leases lapse."""
+
+        def __init__(self) -> None:
+            self.ends: dict[str, dict[tuple[str, str, str], int]] = {}
+
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            for src in event.progress.sources:
+                try:
+                    end = json.loads(src.endOffset) if src.endOffset else None
+                except (TypeError, ValueError):
+                    continue
+                if isinstance(end, dict) and {"batch", "consumer", "sub", "warehouse"} <= set(end):
+                    key = (str(end["warehouse"]), str(end["sub"]), str(end["consumer"]))
+                    self.ends.setdefault(str(event.progress.runId), {})[key] = int(end["batch"])
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            ends = self.ends.pop(str(event.runId), {})
+            if event.exception is None:
+                return
+            for (warehouse, sub_uid, consumer), batch in ends.items():
+                try:
+                    nack_failed(warehouse, sub_uid, consumer, batch, time.time())
+                except Exception:
+                    log.exception("could not nack the failed batch of stream %s/%s", sub_uid, consumer)
+
+    return NackOnFailure()
+
+
+def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, ended_at: float) -> int:
+    """Nack the rows of the live batches above `after` (a query's last completed batch) of a
+    ledger, unless a new run wrote it since `ended_at`; return how many rows were nacked.
+    The batches stay in the ledger (a restart replays them; re-pulled rows are absorbed)."""
+    import pyarrow.parquet as pq
+
+    from ..delivery.operations import modify_deadline_results
+    from ..registry import Registry
+    from ..storage import open_engine
+    from ..storage.clock import resolve_clock
+    from .. import ackid
+
+    directory = os.path.join(warehouse, "_streams", sub_uid, consumer)
+    state = os.path.join(directory, "state.json")
+    if not os.path.exists(state) or os.path.getmtime(state) > ended_at:
+        return 0
+    with open(state) as f:
+        ledger = policy.Ledger.from_json(json.load(f))
+    refs = []
+    for n in sorted(b for b in ledger.batches if b > after):
+        for path in manifest_files(directory, n):
+            for a in pq.read_table(path, columns=["ack_id"])["ack_id"].to_pylist():
+                d = ackid.decode(a)
+                refs.append((d.message_id, d.delivery_attempt, d.message_version))
+    if not refs:
+        return 0
+    engine = open_engine(warehouse, engine="delta-rs", create=False)
+    rec = next((r for r in Registry(engine, clock=time.time).subscriptions().values() if r.sub_uid == sub_uid), None)
+    if rec is None:
+        return 0
+    results = modify_deadline_results(engine, rec, refs, 0, clock=resolve_clock(None, None))
+    from ..delivery.model import Result
+
+    return sum(1 for r in results if r.result is Result.SUCCESS)
 
 
 # -- a sink that writes each Spark batch once ----------------------------------------------------------
