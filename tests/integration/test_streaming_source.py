@@ -25,6 +25,16 @@ pytestmark = pytest.mark.spark
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_listener_left():
+    """The shared SparkSession gets this source's listener here; later modules' queries must not."""
+    yield
+    from deltabus.spark.streaming import _LISTENED, unregister_listener
+
+    for session in list(_LISTENED.keys()):
+        unregister_listener(session)
+
+
 def _stream(spark, warehouse, subscription, **options):
     register(spark)
     reader = spark.readStream.format(NAME).option("warehouse", warehouse).option("subscription", subscription)

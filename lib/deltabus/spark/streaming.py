@@ -658,6 +658,12 @@ class SubscriptionSource(DataSource):
         return SubscriptionStreamReader(StreamOptions.from_options(self.options))
 
 
+def register_source(spark: Any) -> None:
+    """Make ``spark.readStream.format("deltabus")`` available on `spark` (no listener: what
+    ``deltabus.spark.session`` does, so sessions that stream nothing get no Python callbacks)."""
+    spark.dataSource.register(SubscriptionSource)
+
+
 def register(spark: Any) -> None:
     """Make ``spark.readStream.format("deltabus")`` available on `spark`, and add the listener
     that nacks the batch a query of this source failed in (once per session)."""
@@ -665,11 +671,19 @@ def register(spark: Any) -> None:
     with _RUNTIMES_LOCK:
         if spark in _LISTENED:
             return
-        _LISTENED[spark] = True
-    spark.streams.addListener(_nack_on_failure())
+        listener = _LISTENED[spark] = _nack_on_failure()
+    spark.streams.addListener(listener)
 
 
-_LISTENED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+def unregister_listener(spark: Any) -> None:
+    """Remove the listener ``register`` added to `spark` (if any)."""
+    with _RUNTIMES_LOCK:
+        listener = _LISTENED.pop(spark, None)
+    if listener is not None:
+        spark.streams.removeListener(listener)
+
+
+_LISTENED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 def _nack_on_failure() -> Any:
