@@ -597,6 +597,20 @@ class _PushBeside:
         self.endpoint.__exit__(None, None, None)
 
 
+def _wait_for_traffic(records: Path, procs: dict[int, tuple[str, "subprocess.Popen[bytes]"]], timeout: float = 180.0) -> None:
+    """Wait until a publisher recorded its first publish: the run's seconds count traffic, not
+    the clients' start (on a loaded machine their imports alone took over 12 s)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any('"e":"pub"' in f.read_text(errors="replace") for f in records.glob("*.jsonl")):
+            return
+        for role, proc in procs.values():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {role} client exited {proc.returncode} before any publish")
+        time.sleep(0.2)
+    raise RuntimeError(f"no publish recorded within {timeout:g} s of the clients' start")
+
+
 def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
     from deltabus import PublisherClient, SubscriberClient
 
@@ -623,6 +637,7 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
         for i, role in enumerate(roles[: s.processes]):
             procs[i] = (role, _start_client(role, wh, sub_path, topic, records / f"{i}-{role}.jsonl", host, s.seed + i, s.lease_cap))
         kills = 0
+        _wait_for_traffic(records, procs)
         started = time.time()
         while time.time() - started < s.seconds:
             time.sleep(rng.uniform(0.5, 1.5) * s.kill_every)

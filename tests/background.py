@@ -1,19 +1,30 @@
-"""Run a test module's slow, independent scenarios at the same time; each test waits for its own.
+"""Run the suite's slow, independent scenarios in the background from its first test on;
+each test that checks one waits for it.
 
 Why: the suite runs serially on two cores, and its slowest tests mostly wait (a spark-submit
-JVM starting, a lease running out, an endpoint answering late). Measured here: a trivial
-spark-submit job costs ~14 CPU-seconds over ~13 s of wall time, and the SIGTERM test's
-deliver job ~42 CPU-seconds over its 33 s: a bit over one core. So at most two scenarios run
-at a time (`PARALLEL`): two fill the two cores, a third would only slow the others down
-(three deliver jobs at once on a loaded machine missed their 180 s wait for 300 pushes).
-Each scenario keeps its test's body and assertions unchanged; it runs in a thread started
-when the module's first test asks for the fixture, and its test re-raises whatever the
-scenario raised (with the scenario's traceback).
+JVM starting, a lease running out, an endpoint answering late) or use a core of their own
+while the pytest process uses the other. Measured here (idle, 2026-11-26): 952 s of wall time
+for 731 CPU-seconds, with the scenarios below about 450 s of it when run inside their modules
+(two at a time while the module's other tests waited).
+
+Two ways to run them:
+- Early (a module sets ``BACKGROUND = {test name: scenario}``): the session's first test starts
+  every selected scenario of every such module, in module order, ``EARLY_PARALLEL`` at a time
+  (1: one scenario, about a core, beside the ~600 s of the other tests, which the pytest
+  process runs on the other core; two scenarios beside them overloaded the cores and made
+  timing-bound tests fail in a trial). ``move_background_modules_last`` runs those modules
+  after all others, so their tests find their scenarios done. Only scenarios that run their
+  own processes go early: in-process ones would log into other tests' caplog.
+- Within the module (``start_selected`` from a module fixture): its scenarios start, two at a
+  time (``PARALLEL``), when the module's first test asks for the fixture.
 
 Only the scenarios of tests selected in this session start (`-k one_test` runs just it).
-DELTABUS_TEST_PARALLEL=1 runs them one at a time, in file order (to compare, or on a
-machine whose cores are busy with something else).
-Scenarios must be independent: their own warehouse, endpoint, ports and log files.
+``BACKGROUND_TESTS = {scenario name: test names}`` names other tests that need a scenario.
+DELTABUS_TEST_PARALLEL overrides PARALLEL, DELTABUS_TEST_EARLY_PARALLEL EARLY_PARALLEL (1 and 1:
+one at a time, to compare, or on a machine whose cores are busy with something else).
+Scenarios must be independent: their own warehouse, endpoint, ports and log files. Each
+keeps its test's body and assertions; its test re-raises whatever it raised (with its
+traceback) or gets what it returned.
 """
 
 from __future__ import annotations
@@ -21,15 +32,19 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Iterator
 
 import pytest
 
 from deltabus import PublisherClient
 
-Scenario = Callable[[Path], None]
+Scenario = Callable[[Path], Any]
 
 PARALLEL = int(os.environ.get("DELTABUS_TEST_PARALLEL", "2"))
+EARLY_PARALLEL = int(os.environ.get("DELTABUS_TEST_EARLY_PARALLEL", "1"))
+# A test's own limit (the suite's per-test timeout is 300 s) counts from its scenario's start.
+SCENARIO_TIMEOUT = 290.0
 
 
 class Scenarios:
@@ -37,14 +52,22 @@ class Scenarios:
 
     def __init__(self, parallel: int = PARALLEL) -> None:
         self._threads: dict[str, threading.Thread] = {}
+        self._started: dict[str, threading.Event] = {}
         self._errors: dict[str, BaseException] = {}
+        self._values: dict[str, Any] = {}
         self._slots = threading.Semaphore(parallel)
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._threads
+
     def start(self, name: str, scenario: Scenario, tmp: Path) -> None:
+        started = self._started[name] = threading.Event()
+
         def body() -> None:
             with self._slots:  # the others wait for a slot
+                started.set()
                 try:
-                    scenario(tmp)
+                    self._values[name] = scenario(tmp)
                 except BaseException as exc:  # re-raised by the test that owns the scenario
                     self._errors[name] = exc
 
@@ -52,17 +75,58 @@ class Scenarios:
         self._threads[name] = thread
         thread.start()
 
-    def result(self, name: str, timeout: float = 290.0) -> None:
-        """Wait for `name`'s scenario and raise what it raised (the suite's per-test timeout is 300 s)."""
+    def result(self, name: str, timeout: float = SCENARIO_TIMEOUT) -> Any:
+        """Wait for `name`'s scenario (at most `timeout` s from its start) and raise what it
+        raised, or return what it returned."""
+        self._started[name].wait()
         thread = self._threads[name]
         thread.join(timeout)
         assert not thread.is_alive(), f"scenario {name} still running after {timeout:g} s"
         if name in self._errors:
-            raise self._errors.pop(name)
+            raise self._errors[name]
+        return self._values.get(name)
 
     def join_all(self, timeout: float) -> None:
         for thread in self._threads.values():
             thread.join(timeout)
+
+
+EARLY = Scenarios(EARLY_PARALLEL)
+
+
+def _early_scenarios(module: ModuleType) -> dict[str, Scenario] | None:
+    found = getattr(module, "BACKGROUND", None)
+    return found if isinstance(found, dict) else None
+
+
+def move_background_modules_last(items: list[pytest.Item]) -> None:
+    """Reorder `items` in place: modules with early scenarios after all the others, each kept whole and in order."""
+    early = [item for item in items if _early_scenarios(item.module) is not None]  # type: ignore[attr-defined]
+    for item in early:
+        # A test waiting for its scenario may wait for those queued before it too; its
+        # scenario's own limit (SCENARIO_TIMEOUT from its start) still holds.
+        scenarios, needed_by = _early_scenarios(item.module) or {}, getattr(item.module, "BACKGROUND_TESTS", {})  # type: ignore[attr-defined]
+        if item.originalname in scenarios or any(item.originalname in tests for tests in needed_by.values()):  # type: ignore[attr-defined]
+            item.add_marker(pytest.mark.timeout(900))
+    if early:
+        rest = [item for item in items if _early_scenarios(item.module) is None]  # type: ignore[attr-defined]
+        items[:] = rest + early
+
+
+def start_early(items: list[pytest.Item], tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
+    """Start the early scenarios that this session's selected tests need, in module order."""
+    modules: dict[ModuleType, set[str]] = {}
+    for item in items:
+        modules.setdefault(item.module, set()).add(item.originalname)  # type: ignore[attr-defined]
+    for module, selected in modules.items():
+        scenarios = _early_scenarios(module)
+        if not scenarios:
+            continue
+        needed_by: dict[str, set[str]] = getattr(module, "BACKGROUND_TESTS", {})
+        for name, scenario in scenarios.items():
+            if name not in EARLY and (name in selected or selected & set(needed_by.get(name, ()))):
+                EARLY.start(name, scenario, tmp_path_factory.mktemp(name[:40]))
+    return EARLY
 
 
 def start_selected(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,

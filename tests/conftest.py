@@ -12,6 +12,7 @@ import pytest
 
 from deltabus import PublisherClient, SubscriberClient
 from deltabus.storage.tables import ALL
+from tests import background
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,3 +158,14 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    background.move_background_modules_last(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[background.Scenarios]:
+    """The suite's slow scenarios, started by its first test (tests/background.py)."""
+    yield background.start_early(request.session.items, tmp_path_factory)
+    background.EARLY.join_all(60)

@@ -1,8 +1,8 @@
 """The chaos suite's scenarios, small (issue 16): the same harness as ./bench/chaos.sh
 (bench/chaos.py), with invariants checked from the endpoint's and the clients' own records.
 
-Both scenarios run at once (tests.background): each mostly waits (Spark starting, leases
-running out), and the pair fills the two cores."""
+Both scenarios run in the background from the session's first test on (tests/background.py):
+each mostly waits (Spark starting, leases running out)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 
 from bench.chaos import ConcurrentSettings, KillSettings, concurrent, kills, summary
 from bench.chaos_endpoint import ChaosEndpoint, EndpointSettings
-from tests.background import start_selected
 from tests.leaks import Secrets
 
 
@@ -83,15 +82,13 @@ SCENARIOS = {
 }
 
 
-@pytest.fixture(scope="module")
-def scenarios(request, tmp_path_factory):
-    yield from start_selected(request, tmp_path_factory, SCENARIOS)
+BACKGROUND = SCENARIOS  # started by the session's first test (tests/background.py)
 
 
 @pytest.mark.spark
-def test_job_kills_under_the_failing_endpoint_mix(scenarios):
-    scenarios.result("test_job_kills_under_the_failing_endpoint_mix")
+def test_job_kills_under_the_failing_endpoint_mix(early_background):
+    early_background.result("test_job_kills_under_the_failing_endpoint_mix")
 
 
-def test_concurrent_clients_with_kills(scenarios):
-    scenarios.result("test_concurrent_clients_with_kills")
+def test_concurrent_clients_with_kills(early_background):
+    early_background.result("test_concurrent_clients_with_kills")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from deltabus import SubscriberClient
-from tests.background import in_warehouse, start_selected
+from tests.background import in_warehouse
 from tests.conftest import ROOT
 from tests.endpoints import Behaviour, Endpoint
 from tests.leaks import Secrets
@@ -106,9 +106,8 @@ def a_master_without_a_slot_to_spare_is_refused_with_the_rule(pub, _topic, wareh
     assert "Traceback" not in both
 
 
-# The three spark-submit runs go two at a time (tests/background.py): the crash test's two
-# jobs (~67 s) on one core while the other two (~13 s and ~12 s, a JVM start each) use the
-# other, instead of one after another.
+# The three spark-submit runs (the crash test's two jobs ~50-67 s, the others ~13 s and ~12 s,
+# a JVM start each) run in the background from the session's first test on (tests/background.py).
 SCENARIOS = {
     "test_sigkill_mid_run_and_restart_loses_nothing": in_warehouse(sigkill_mid_run_and_restart_loses_nothing),
     "test_spark_submit_ships_the_library_and_settings": spark_submit_ships_the_library_and_settings,
@@ -116,21 +115,19 @@ SCENARIOS = {
 }
 
 
-@pytest.fixture(scope="module")
-def jobs(request, tmp_path_factory):
-    yield from start_selected(request, tmp_path_factory, SCENARIOS)
+BACKGROUND = SCENARIOS  # started by the session's first test (tests/background.py)
 
 
-def test_sigkill_mid_run_and_restart_loses_nothing(jobs):
-    jobs.result("test_sigkill_mid_run_and_restart_loses_nothing")
+def test_sigkill_mid_run_and_restart_loses_nothing(early_background):
+    early_background.result("test_sigkill_mid_run_and_restart_loses_nothing")
 
 
-def test_spark_submit_ships_the_library_and_settings(jobs):
-    jobs.result("test_spark_submit_ships_the_library_and_settings")
+def test_spark_submit_ships_the_library_and_settings(early_background):
+    early_background.result("test_spark_submit_ships_the_library_and_settings")
 
 
-def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(jobs):
-    jobs.result("test_a_master_without_a_slot_to_spare_is_refused_with_the_rule")
+def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(early_background):
+    early_background.result("test_a_master_without_a_slot_to_spare_is_refused_with_the_rule")
 
 
 @pytest.mark.parametrize(

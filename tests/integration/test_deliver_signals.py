@@ -19,7 +19,7 @@ import pytest
 
 from deltabus import SubscriberClient
 from deltabus.storage.arrow import read_table
-from tests.background import in_warehouse, start_selected
+from tests.background import in_warehouse
 from tests.conftest import ROOT
 from tests.endpoints import Behaviour, Endpoint
 
@@ -163,8 +163,8 @@ def a_second_signal_stops_without_waiting_for_pushes_in_flight(pub, topic, wareh
     assert int(summary["acked"]) == len(answered)
 
 
-# The three jobs run two at a time (tests/background.py) instead of one after another (~95 s
-# serially on the CI-like run): each is a spark-submit JVM using about one of the two cores.
+# The three jobs (~95 s one after another on the CI-like run, each a spark-submit JVM using
+# about one core) run in the background from the session's first test on (tests/background.py).
 # Each test checks its own job, with its own warehouse, endpoint and logs, and fails with its
 # own scenario's assertion.
 SCENARIOS = {
@@ -175,19 +175,17 @@ SCENARIOS = {
 }
 
 
-@pytest.fixture(scope="module")
-def jobs(request, tmp_path_factory):
-    yield from start_selected(request, tmp_path_factory, {name: in_warehouse(body) for name, body in SCENARIOS.items()})
+BACKGROUND = {name: in_warehouse(body) for name, body in SCENARIOS.items()}  # started by the session's first test
 
 
-def test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(jobs):
-    jobs.result("test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight")
+def test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(early_background):
+    early_background.result("test_sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight")
 
 
-def test_ctrl_c_to_the_process_group_stops_cleanly(jobs):
-    jobs.result("test_ctrl_c_to_the_process_group_stops_cleanly")
+def test_ctrl_c_to_the_process_group_stops_cleanly(early_background):
+    early_background.result("test_ctrl_c_to_the_process_group_stops_cleanly")
 
 
-def test_a_second_signal_stops_without_waiting_for_pushes_in_flight(jobs):
+def test_a_second_signal_stops_without_waiting_for_pushes_in_flight(early_background):
     """Pushes hang far past any drain: only a second signal lets the job stop."""
-    jobs.result("test_a_second_signal_stops_without_waiting_for_pushes_in_flight")
+    early_background.result("test_a_second_signal_stops_without_waiting_for_pushes_in_flight")

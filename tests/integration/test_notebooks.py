@@ -1,19 +1,16 @@
 """Every notebook runs top to bottom, quietly, cleans up after itself, draws charts a reader
 can read, and is committed without outputs.
 
-Each notebook is executed once per test module (a kernel, a SparkSession and a push job take
-most of a minute); the tests then look at its outputs and at its figure, which a probe cell
-appended to the executed copy describes as JSON. The notebooks run at the same time, each in
-its own kernel and JVM: much of a run is waiting (Spark starting, the explorer's publishing
-waves, the push job's idle check), so together they take little more than the slower one
-(47 s and 41 s one after the other on the CI-like run)."""
+Each notebook is executed once per test session (a kernel, a SparkSession and a push job take
+most of a minute, 47 s and 41 s on the CI-like run), in the background from the session's first
+test on (tests/background.py); the tests then look at its outputs and at its figure, which a
+probe cell appended to the executed copy describes as JSON."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,6 @@ import numpy as np
 import pytest
 from nbclient import NotebookClient
 
-from tests.background import PARALLEL
 from tests.conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -84,35 +80,38 @@ class Run:
         return [o for c in self.cells for o in c.outputs]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Each notebook executed as a user would open it: no $DELTABUS_WAREHOUSE, and TMPDIR
-    pointed at an empty directory so whatever it leaves behind can be seen. The first call
-    starts every notebook at once; each call waits for the one it asks for."""
-    runs: dict[str, Future[Run]] = {}
+def execute(path: Path, base: Path) -> Run:
+    """`path` executed as a user would open it: no $DELTABUS_WAREHOUSE, and TMPDIR pointed at an
+    empty directory so whatever it leaves behind can be seen."""
+    tmpdir = base / "tmp"
+    tmpdir.mkdir()
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
+    # The kernel's own environment (not os.environ: other scenarios start beside this one).
+    env = {k: v for k, v in os.environ.items() if k != "DELTABUS_WAREHOUSE"}
+    env["TMPDIR"] = str(tmpdir)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(base)}}).execute(env=env)
+    [line] = [ln for o in nb.cells[-1].outputs for ln in _text(o).splitlines() if ln.startswith(PROBE_MARK)]
+    return Run(nb, json.loads(line[len(PROBE_MARK):]), tmpdir)
 
-    def execute(path: Path) -> Run:
-        base = tmp_path_factory.mktemp(path.stem)
-        tmpdir = base / "tmp"
-        tmpdir.mkdir()
-        nb = nbformat.read(path, as_version=4)
-        nb.cells.append(nbformat.v4.new_code_cell(PROBE))
-        # The kernel's own environment (not os.environ: the other notebook's run starts beside this one).
-        env = {k: v for k, v in os.environ.items() if k != "DELTABUS_WAREHOUSE"}
-        env["TMPDIR"] = str(tmpdir)
-        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(base)}}).execute(env=env)
-        [line] = [ln for o in nb.cells[-1].outputs for ln in _text(o).splitlines() if ln.startswith(PROBE_MARK)]
-        return Run(nb, json.loads(line[len(PROBE_MARK):]), tmpdir)
 
-    pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="notebook")
+# Each notebook runs once, in the background from the session's first test on
+# (tests/background.py), for the tests below that look at its run.
+BACKGROUND = {f"notebook {p.name}": (lambda tmp, p=p: execute(p, tmp)) for p in NOTEBOOKS}
+RUN_TESTS = {"test_notebook_runs_quietly_and_draws", "test_notebook_removes_its_temporary_warehouse"}
+BACKGROUND_TESTS = {
+    "notebook backlog_explorer.ipynb": RUN_TESTS | {"test_backlog_explorer_shows_every_subscription_distinguishably"},
+    "notebook quickstart.ipynb": RUN_TESTS | {"test_quickstart_marks_the_push_job_start_up"},
+}
+BACKGROUND_TESTS.update({name: RUN_TESTS for name in BACKGROUND if name not in BACKGROUND_TESTS})
 
+
+@pytest.fixture
+def run(early_background):
     def result(path: Path) -> Run:
-        if not runs:
-            runs.update({p.name: pool.submit(execute, p) for p in NOTEBOOKS})
-        return runs[path.name].result(timeout=290)
+        return early_background.result(f"notebook {path.name}")  # type: ignore[no-any-return]
 
-    yield result
-    pool.shutdown(wait=True)
+    return result
 
 
 def _nb(name: str) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 
 import pytest
@@ -155,7 +156,19 @@ def test_backlog_table_shows_push_state(spark, pub, psub, topic, warehouse):
         s = psub.subscription_path("local", "down")
         psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url})
         pub.publish_batch(topic, [{"data": b"x"}] * 5)
-        deliver(spark, warehouse, until_idle=False, max_seconds=4)
+        # Until the endpoint has refused all five (not for a fixed time: on a loaded machine a
+        # 4 s run ended before its first push); stopping merges what the workers reported.
+        stop = threading.Event()
+
+        def stop_after_five() -> None:
+            deadline = time.time() + 120
+            while len(ep.snapshot()) < 5 and time.time() < deadline:
+                time.sleep(0.05)
+            stop.set()
+
+        threading.Thread(target=stop_after_five, daemon=True).start()
+        runner.run(spark, settings(warehouse), until_idle=False, max_seconds=150, stop=stop)
+        assert len(ep.snapshot()) >= 5
     (row,) = [r for r in read_table(f"{warehouse}/backlog").to_pylist() if r["subscription"] == s]
     assert row["nacked"] >= 3 and row["acked"] == 0 and row["delivered"] >= row["nacked"]
     assert row["backoff_seconds"] > 0 and row["push_window"] >= 1

@@ -6,7 +6,6 @@ import sys
 import pytest
 
 from deltabus import quickstart
-from tests.background import start_selected
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
@@ -15,13 +14,6 @@ PUSH_LINE = re.compile(r"push job: (\d+) pushed, (\d+) acked by the endpoint .*;
 # Warnings our own settings used to cause, and the console progress bar.
 NOISE = ("FairSchedulableBuilder", "Failed to cancel job group", "falling behind", "ResolveWriteToStream",
          "resolves to a loopback address", "[Stage")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def readme_run(request, tmp_path_factory):
-    """The README's command (a spark-submit JVM, ~32 s) runs from this module's first test on,
-    beside the in-process quickstart runs, instead of after them (tests/background.py)."""
-    yield from start_selected(request, tmp_path_factory, {"test_readme_first_command_runs_the_job": readme_first_command_runs_the_job})
 
 
 def push_figures(lines: list[str]) -> tuple[int, ...]:
@@ -84,9 +76,14 @@ def readme_first_command_runs_the_job(tmp_path):
     assert " INFO " not in out.stderr, out.stderr[-3000:]
 
 
-def test_readme_first_command_runs_the_job(readme_run):
+# The README's command (a spark-submit JVM, ~32 s) runs in the background from the session's
+# first test on (tests/background.py).
+BACKGROUND = {"test_readme_first_command_runs_the_job": readme_first_command_runs_the_job}
+
+
+def test_readme_first_command_runs_the_job(early_background):
     """./spark-submit.sh jobs/quickstart.py, exactly as the README says (with a temp warehouse)."""
-    readme_run.result("test_readme_first_command_runs_the_job")
+    early_background.result("test_readme_first_command_runs_the_job")
 
 
 @pytest.mark.cluster  # the cluster-engine group: a delta-spark quickstart costs minutes here

@@ -14,7 +14,7 @@ import pytest
 import deltabus.spark
 from deltabus.errors import WarehouseNotFound
 from deltabus.spark.sql_shell import repl, split_statements, take_statements
-from tests.background import in_warehouse, start_selected
+from tests.background import in_warehouse
 from tests.conftest import ROOT, ManualClock
 
 pytestmark = pytest.mark.spark
@@ -191,27 +191,25 @@ def sql_prompt_on_a_terminal_through_spark_submit(pub, topic, warehouse, _tmp):
         term.close()
 
 
-# The two spark-submit prompts (~25 s each, a JVM start apiece) run at once
-# (tests/background.py); each test below checks its own run, with its own warehouse.
+# The two spark-submit prompts (~25 s each, a JVM start apiece) run in the background from the
+# session's first test on (tests/background.py); each test below checks its own run, with its own warehouse.
 SCENARIOS = {
     "test_sql_prompt_reads_piped_statements_through_spark_submit": in_warehouse(sql_prompt_reads_piped_statements_through_spark_submit),
     "test_sql_prompt_on_a_terminal_through_spark_submit": in_warehouse(sql_prompt_on_a_terminal_through_spark_submit),
 }
 
 
-@pytest.fixture(scope="module")
-def prompts(request, tmp_path_factory):
-    yield from start_selected(request, tmp_path_factory, SCENARIOS)
+BACKGROUND = SCENARIOS  # started by the session's first test (tests/background.py)
 
 
-def test_sql_prompt_reads_piped_statements_through_spark_submit(prompts):
+def test_sql_prompt_reads_piped_statements_through_spark_submit(early_background):
     """spark-submit gives the Python driver a stdin pipe of its own that nobody writes to:
     the prompt must read the user's pipe, not hang on that one."""
-    prompts.result("test_sql_prompt_reads_piped_statements_through_spark_submit")
+    early_background.result("test_sql_prompt_reads_piped_statements_through_spark_submit")
 
 
-def test_sql_prompt_on_a_terminal_through_spark_submit(prompts):
-    prompts.result("test_sql_prompt_on_a_terminal_through_spark_submit")
+def test_sql_prompt_on_a_terminal_through_spark_submit(early_background):
+    early_background.result("test_sql_prompt_on_a_terminal_through_spark_submit")
 
 
 def test_sql_job_help():
