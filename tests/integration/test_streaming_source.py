@@ -343,3 +343,38 @@ def test_restart_orders_replay_the_same_rows_and_never_emit_a_message_twice(pub,
     assert five == four and not c.ledger.unsettled
     c.stop()
     assert sub.get_backlog(s).num_unacked_messages == 0
+
+
+def test_one_running_query_per_consumer_and_a_run_taken_over_stops(pub, sub, topic, warehouse):
+    import json
+
+    from deltabus.errors import FailedPrecondition
+    from deltabus.spark.streaming import _Runtime
+
+    s = sub.subscription_path("local", "owned")
+    sub.create_subscription(name=s, topic=topic)
+    opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "pullWaitSeconds": "0", "ownerTimeout": "3"})
+    a = _Runtime(opts)
+    owner = json.loads(Path(a._owner_path()).read_text())
+    assert owner["run"] == a.run and owner["pid"] == os.getpid()
+    started = time.time()
+    with pytest.raises(FailedPrecondition, match="in use by another running query"):
+        _Runtime(opts)  # a is alive and renews its heartbeat
+    assert time.time() - started >= 3
+    # Another run takes the ledger over (as after a's heartbeat stalled): a's next call fails.
+    Path(a._owner_path()).write_text(json.dumps({"run": "other", "host": "elsewhere", "pid": 1, "heartbeat": time.time() + 60}))
+    deadline = time.time() + 10
+    while a.lost is None and time.time() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(FailedPrecondition, match="taken over"):
+        a.latest()
+    a.stop()
+    # A killed owner (its process gone) is taken over at once.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    Path(a._owner_path()).write_text(json.dumps({"run": "x", "host": __import__("socket").gethostname(), "pid": dead.pid,
+                                                 "heartbeat": time.time()}))
+    started = time.time()
+    b = _Runtime(opts)
+    assert time.time() - started < 2 and b.latest()["batch"] == 0
+    b.stop()

@@ -29,6 +29,7 @@ import math
 import os
 import random
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 
 NAME = "deltabus"
 MAX_PULL = 10_000  # one pull's most (the pull path's own limit)
+HEARTBEAT_SECONDS = 2.0  # owner.json renewal
 UNSETTLED_SECONDS = 7 * 24 * 3600.0  # how long an unapplied ack keeps a message out (the longest retention)
 
 SCHEMA = StructType(
@@ -139,6 +141,7 @@ class StreamOptions:
     max_lease_duration: float = 3600.0
     pull_wait_seconds: float = 1.0
     rows_per_partition: int = 5000
+    owner_timeout: float = 10.0
     storage_options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -165,19 +168,21 @@ class StreamOptions:
             raise InvalidArgument("pullWaitSeconds", f"must be a number of seconds 0..60, got {self.pull_wait_seconds!r}")
         if not 1 <= self.rows_per_partition <= 1_000_000:
             raise InvalidArgument("rowsPerPartition", f"must be an integer 1..1000000, got {self.rows_per_partition!r}")
+        if not 3 <= self.owner_timeout <= 600:
+            raise InvalidArgument("ownerTimeout", f"must be a number of seconds 3..600, got {self.owner_timeout!r}")
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "StreamOptions":
         lower = {str(k).lower(): v for k, v in options.items()}
         known = {
             "warehouse", "subscription", "consumer", "maxmessagespertrigger", "leaseseconds", "maxleaseduration",
-            "pullwaitseconds", "rowsperpartition", "path",
+            "pullwaitseconds", "rowsperpartition", "ownertimeout", "path",
         }
         unknown = sorted(k for k in lower if k not in known and not k.startswith("storage."))
         if unknown:
             raise InvalidArgument(unknown[0], "is not an option of the deltabus source (warehouse, subscription, consumer, "
                                               "maxMessagesPerTrigger, leaseSeconds, maxLeaseDuration, pullWaitSeconds, "
-                                              "rowsPerPartition, storage.<key>)")
+                                              "rowsPerPartition, ownerTimeout, storage.<key>)")
         lease = lower.get("leaseseconds")
         return cls(
             warehouse=str(lower.get("warehouse") or lower.get("path") or ""),
@@ -188,6 +193,7 @@ class StreamOptions:
             max_lease_duration=_named_float(lower, "maxleaseduration", "maxLeaseDuration", 3600.0, 10, 7 * 24 * 3600),
             pull_wait_seconds=_named_float(lower, "pullwaitseconds", "pullWaitSeconds", 1.0, 0, 60),
             rows_per_partition=_named_int(lower, "rowsperpartition", "rowsPerPartition", 1, 1_000_000, 5000),
+            owner_timeout=_named_float(lower, "ownertimeout", "ownerTimeout", 10.0, 3, 600),
             storage_options=tuple(sorted((k.removeprefix("storage."), str(v)) for k, v in lower.items() if k.startswith("storage."))),
         )
 
@@ -311,6 +317,9 @@ class _Runtime:
         self.sub_uid = rec.sub_uid
         self.dir = os.path.join(opts.ledger_root, rec.sub_uid, opts.consumer)
         os.makedirs(self.dir, exist_ok=True)
+        self.run = uuid.uuid4().hex
+        self.lost: str | None = None  # set when another run took the ledger over: every call fails
+        self._take_ownership()
         self.lock = threading.RLock()
         self.ledger = self._load()
         self.known: int | None = None  # the newest offset Spark holds, as this process learnt it
@@ -325,6 +334,46 @@ class _Runtime:
         self._thread = threading.Thread(target=self._leaser, name=f"deltabus-stream-leaser-{opts.consumer}", daemon=True)
         self._thread.start()
         self._watch: Any = None
+
+    # the owner lock (advisory: one running query per subscription and consumer)
+    def _owner_path(self) -> str:
+        return os.path.join(self.dir, "owner.json")
+
+    def _owner(self) -> dict[str, Any] | None:
+        try:
+            with open(self._owner_path()) as f:
+                doc = json.load(f)
+            return doc if isinstance(doc, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _heartbeat(self) -> None:
+        _write_json(self._owner_path(), {"run": self.run, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()})
+
+    def _take_ownership(self) -> None:
+        """Wait for the ledger's owner to go: its heartbeat older than ownerTimeout, or its
+        process gone (same host); refuse after ownerTimeout and a few seconds more."""
+        from ..errors import FailedPrecondition
+
+        give_up = time.time() + self.opts.owner_timeout + 5
+        while True:
+            owner = self._owner()
+            if owner is None or owner.get("run") == self.run or _owner_gone(owner, self.opts.owner_timeout):
+                self._heartbeat()
+                return
+            if time.time() >= give_up:
+                raise FailedPrecondition(
+                    f"consumer {self.opts.consumer!r} of {self.opts.subscription} is in use by another running query "
+                    f"(pid {owner.get('pid')} on {owner.get('host')}): one query per subscription and consumer; "
+                    "stop it or choose another consumer option"
+                )
+            time.sleep(0.5)
+
+    def check_owner(self) -> None:
+        from ..errors import FailedPrecondition
+
+        if self.lost is not None:
+            raise FailedPrecondition(self.lost)
 
     # records and state
     def record(self) -> Any:
@@ -384,6 +433,7 @@ class _Runtime:
 
     # Spark's calls
     def latest(self) -> Offset:
+        self.check_owner()
         with self.lock:
             pending = self.ledger.pending
             if pending is not None:  # offered again until Spark plans it (also an earlier run's)
@@ -497,6 +547,7 @@ class _Runtime:
         ).cast(MANIFEST_SCHEMA)
 
     def partitions(self, start: Mapping[str, Any], end: Mapping[str, Any]) -> list[ManifestPart]:
+        self.check_owner()
         with self.lock:
             s, e = self.batch_number(start), self.batch_number(end)
             if s == e:  # Spark's restart probe: e is the newest batch in its offset log
@@ -514,6 +565,7 @@ class _Runtime:
             return [ManifestPart(f, self.opts.subscription) for f in files]
 
     def commit(self, end: Mapping[str, Any]) -> None:
+        self.check_owner()
         with self.lock:
             self._ack(policy.committed_by(self.ledger, self.batch_number(end)))
 
@@ -550,12 +602,24 @@ class _Runtime:
         from ..policy.leases import next_pass_delay
         from .. import ackid
 
-        delay = 0.0  # at once: re-take the leases of an earlier run's batches
-        while not self._stop.wait(delay):
+        due = 0.0  # at once: re-take the leases of an earlier run's batches
+        while not self._stop.wait(HEARTBEAT_SECONDS if due > time.monotonic() else 0.0):
+            owner = self._owner()
+            if owner is not None and owner.get("run") != self.run:
+                self.lost = (f"consumer {self.opts.consumer!r} of {self.opts.subscription} was taken over by another run "
+                             f"(pid {owner.get('pid')} on {owner.get('host')}): this query stops using it")
+                log.error("stream %s", self.lost)
+                return
+            try:
+                self._heartbeat()
+            except OSError:
+                log.exception("stream %s: could not renew owner.json", self.opts.subscription)
+            if due > time.monotonic():
+                continue
             try:
                 rec = self.registry.subscription(self.opts.subscription)
                 lease = self.lease_seconds(rec)
-                delay = next_pass_delay(lease, random.random())
+                due = time.monotonic() + next_pass_delay(lease, random.random())
                 now = time.time()
                 with self.lock:
                     ids = [self.ack_ids[k] for n, keys in self.keys_of.items() if now - self.leased_at.get(n, now) < self.opts.max_lease_duration
@@ -568,12 +632,38 @@ class _Runtime:
                     modify_deadline_results(self.engine, rec, refs, lease, clock=self.clock)
             except Exception:  # the next pass tries again; a lapsed lease is absorbed when re-pulled
                 log.exception("stream %s: lease extension failed", self.opts.subscription)
-                delay = 1.0
+                due = time.monotonic() + 1.0
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(10)
+        owner = self._owner()
+        if owner is not None and owner.get("run") == self.run:
+            try:
+                os.remove(self._owner_path())
+            except OSError:
+                pass
+
+
+def _owner_gone(owner: Mapping[str, Any], timeout: float) -> bool:
+    beat = owner.get("heartbeat")
+    if not isinstance(beat, (int, float)) or time.time() - beat > timeout:
+        return True
+    pid = owner.get("pid")
+    if owner.get("host") == socket.gethostname() and isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True  # killed (SIGKILL leaves no chance to release it): no need to wait
+        except PermissionError:
+            return False
+        try:  # a killed runner stays a zombie until reaped (seen: ~2 s after a process group's SIGKILL)
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return False
+    return False
 
 
 def _version_reader(engine: Any, table: str) -> Callable[[], int]:
