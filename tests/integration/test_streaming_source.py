@@ -378,3 +378,25 @@ def test_one_running_query_per_consumer_and_a_run_taken_over_stops(pub, sub, top
     b = _Runtime(opts)
     assert time.time() - started < 2 and b.latest()["batch"] == 0
     b.stop()
+
+
+def test_a_new_checkpoint_on_the_same_consumer_gets_the_old_checkpoints_uncommitted_messages(pub, sub, topic, warehouse):
+    import pyarrow.parquet as pq
+
+    from deltabus.spark.streaming import _Runtime
+
+    s = sub.subscription_path("local", "rechecked")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=60)
+    published = pub.publish_batch(topic, [{"data": b"z"}] * 8)
+    opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "pullWaitSeconds": "0"})
+    old = _Runtime(opts)
+    one = old.latest()
+    assert len(old.partitions(old.offset(0), one)) == 1  # planned by the old checkpoint, never committed
+    old.stop()
+    new = _Runtime(opts)  # the checkpoint was deleted: Spark starts from the initial offset
+    flush = new.latest()  # the 8 are still leased: nothing to pull, an empty batch
+    assert new.partitions(new.offset(0), flush) == []  # a new lineage: batch 1 is abandoned, its leases handed back
+    again = new.latest()
+    got = [r["message_id"] for p in new.partitions(flush, again) for r in pq.read_table(p.path).to_pylist()]
+    assert sorted(got) == sorted(published)
+    new.stop()

@@ -8,9 +8,11 @@ from deltabus.policy.stream_ledger import (
     PENDING,
     PLANNED,
     Ledger,
+    abandoned,
     absorb,
     acked,
     committed_by,
+    drop,
     expire_unsettled,
     new_batch,
     parts_of,
@@ -96,3 +98,11 @@ def test_the_ledger_round_trips_through_json_and_refuses_nonsense():
         Ledger(next=2, batches={1: "done"})
     with pytest.raises(ValueError, match="next"):
         Ledger(next=0)
+
+
+def test_a_plan_from_the_initial_offset_abandons_an_older_checkpoints_batches():
+    ledger = Ledger(next=6, batches={3: PLANNED, 4: PLANNED, 5: PENDING})
+    assert abandoned(ledger, 0, 5) == [3, 4]  # a new checkpoint: nothing of it was committed before
+    assert abandoned(ledger, 4, 5) == []  # the same lineage: 3 and 4 are committed (acked instead)
+    after, to_ack = plan(drop(ledger, [3, 4]), 0, 5)
+    assert after.batches == {5: PLANNED} and to_ack == []

@@ -103,6 +103,21 @@ def plan(ledger: Ledger, start: int, end: int) -> tuple[Ledger, list[int]]:
     return replace(ledger, batches={**ledger.batches, end: PLANNED}), committed_by(ledger, start)
 
 
+def abandoned(ledger: Ledger, start: int, end: int) -> list[int]:
+    """Batches no lineage of Spark's will commit once it plans (start, end]: a plan from the
+    initial offset (0) starts a lineage (a new checkpoint) that committed nothing, so the
+    other planned batches belong to an older checkpoint. They are dropped and nacked, no
+    longer absorbing: their messages are delivered again (to this query too)."""
+    if start != 0:
+        return []
+    return sorted(n for n, s in ledger.batches.items() if s == PLANNED and n != end)
+
+
+def drop(ledger: Ledger, batches: Iterable[int]) -> Ledger:
+    gone = set(batches)
+    return replace(ledger, batches={n: s for n, s in ledger.batches.items() if n not in gone})
+
+
 def probe(ledger: Ledger, last: int) -> tuple[Ledger, list[int]]:
     """Spark restarts with `last` the newest offset in its log: that batch is planned (it may
     be replayed); the ones before it are committed (to ack). A pending batch above it is an

@@ -557,12 +557,33 @@ class _Runtime:
                 self.known = e
                 self._ack(to_ack)
                 return []
+            gone = policy.abandoned(self.ledger, s, e)
             ledger, to_ack = policy.plan(self.ledger, s, e)
-            self._save(ledger)  # recorded before Spark reads it
+            self._save(policy.drop(ledger, gone))  # recorded before Spark reads it
             self.known = e
             files = manifest_files(self.dir, e)
+            self._nack_dropped(gone)
             self._ack(to_ack)
             return [ManifestPart(f, self.opts.subscription) for f in files]
+
+    def _nack_dropped(self, batches: Sequence[int]) -> None:
+        """Release the leases of batches dropped from the ledger (an older checkpoint's)."""
+        from ..delivery.operations import modify_deadline_results
+        from .. import ackid
+
+        refs = []
+        for n in batches:
+            for key in self.keys_of.pop(n, []):
+                if self.batch_of.get(key) == n:
+                    del self.batch_of[key]
+                    d = ackid.decode(self.ack_ids.pop(key))
+                    refs.append((d.message_id, d.delivery_attempt, d.message_version))
+            self.leased_at.pop(n, None)
+            shutil.rmtree(os.path.join(self.dir, f"m-{n}"), ignore_errors=True)
+        if refs:
+            log.warning("stream %s: %d messages of batches %s of an older checkpoint handed back", self.opts.subscription,
+                        len(refs), list(batches))
+            modify_deadline_results(self.engine, self.record(), refs, 0, clock=self.clock)
 
     def commit(self, end: Mapping[str, Any]) -> None:
         self.check_owner()
