@@ -313,6 +313,10 @@ class _Runtime:
         if isinstance(self.clock, StorageClock):
             self.clock.attach(self.engine)
         self.registry = Registry(self.engine, clock=wall(self.clock))
+        from ..activity import ActivityRecorder
+
+        # Pulls count as use for the subscription's expiration policy, as a client's do.
+        self.activity = ActivityRecorder(self.registry, wall(self.clock))
         rec = self.record()
         self.sub_uid = rec.sub_uid
         self.dir = os.path.join(opts.ledger_root, rec.sub_uid, opts.consumer)
@@ -506,6 +510,7 @@ class _Runtime:
                 if not emitted:
                     return None
                 break
+            self.activity.used(rec)
             keys = [(l.message_id, l.message_version) for l in leases]
             split = policy.absorb(keys, self.batch_of, self.ledger.unsettled)
             for key, i in split.renewed.items():
