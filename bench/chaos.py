@@ -57,7 +57,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, NamedTuple, Sequence
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence, TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (str(ROOT), str(ROOT / "lib")):
@@ -76,8 +76,24 @@ DRAIN_TIMEOUT = 900.0
 UNEXPECTED = re.compile(r"Traceback \(most recent call last\)|CommitFailedError")
 
 
+class Io:
+    """Where the harness writes its progress lines and which environment its processes get.
+    The command leaves both as they are (stdout, the process's environment); a test running a
+    scenario beside others gives it a log file and a copy of the environment taken before any
+    test changed it (tests/background.py)."""
+
+    log: TextIO | None = None
+    env: Mapping[str, str] | None = None
+
+
 def log(msg: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=Io.log or sys.stdout, flush=True)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The environment for a process the harness starts, without PySpark's driver variables."""
+    base = Io.env if Io.env is not None else os.environ
+    return {**{k: v for k, v in base.items() if not k.startswith("PYSPARK")}, **extra}
 
 
 # -- the push job ---------------------------------------------------------------------------
@@ -90,7 +106,7 @@ def start_job(warehouse: str, log_path: Path, *, until_idle: bool = False, max_s
         args.append("--until-idle")
     if max_seconds is not None:
         args += ["--max-seconds", str(max_seconds)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env = _env()
     with open(log_path, "ab") as out:
         return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -447,13 +463,13 @@ def _start_client(role: str, wh: str, sub_path: str, topic: str, out: Path, host
     if host:
         args += ["--host", host]
     err = open(out.with_suffix(".err"), "ab")
-    return subprocess.Popen(args, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT)
+    return subprocess.Popen(args, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT, env=_env())
 
 
 def _start_server(wh: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     with open(log_path, "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "deltabus.cli", "serve", "--warehouse", wh, "--port", "0"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT / "lib")})
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, env=_env(PYTHONPATH=str(ROOT / "lib")))
     assert proc.stdout is not None
     line = proc.stdout.readline()
     found = re.search(rb" on 127\.0\.0\.1:(\d+),", line)
@@ -487,11 +503,15 @@ def _read_client_records(records: Path) -> _ClientRecords:
     for f in sorted(records.glob("*.jsonl")):
         client = f.stem
         pending: list[str] | None = None  # the ids of this run's acknowledge call in flight
-        for line in f.read_text().splitlines() + ['{"e": "start"}']:  # the file's end ends its last run
+        parsed = []
+        for line in f.read_text().splitlines():
             try:
-                e = json.loads(line)
+                parsed.append(json.loads(line))
             except ValueError:
                 continue  # a line cut by the kill
+        # Files of harness versions before the start record: every unanswered call counts as cut.
+        runs_marked = any(e["e"] == "start" for e in parsed)
+        for e in parsed + [{"e": "start"}]:  # the file's end ends its last run
             if e["e"] == "start":
                 if pending is not None:
                     out.ack_called.update(pending)
@@ -512,7 +532,11 @@ def _read_client_records(records: Path) -> _ClientRecords:
                 out.subscribe_acked.update(e["ids"])
             elif e["e"] == "ack-call":
                 if pending is not None:
-                    errors += 1  # an earlier call never returned, yet the run went on
+                    if runs_marked:
+                        errors += 1  # an earlier call never returned, yet the run went on
+                    else:
+                        out.ack_called.update(pending)
+                        cut += 1
                 pending = e["ids"]
             elif e["e"] == "error":
                 errors += 1
@@ -661,6 +685,7 @@ def concurrent(scratch: Path, s: ConcurrentSettings) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+                kills += 1  # may cut an ack call like any other kill
         # The drain: a clean puller until the subscription gives nothing for two deadlines.
         drain = _start_client("drain", wh, sub_path, topic, records / "drain.jsonl", None, s.seed)
         drain.wait(DRAIN_TIMEOUT)

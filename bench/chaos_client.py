@@ -41,6 +41,11 @@ class Records:
         self._f = open(path, "a", buffering=1)
         self._lock = threading.Lock()
 
+    def newline(self) -> None:
+        with self._lock:
+            self._f.write("\n")
+            self._f.flush()
+
     def write(self, **e: Any) -> None:
         with self._lock:
             self._f.write(json.dumps(e, separators=(",", ":")) + "\n")
@@ -142,6 +147,7 @@ def main() -> int:
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     out = Records(a.out)
+    out.newline()  # ends a line the previous run's kill may have cut, so this record stands alone
     out.write(e="start", pid=os.getpid(), role=a.role)
     rng = random.Random(a.seed)
     try:

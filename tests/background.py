@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator
@@ -53,6 +54,8 @@ class Scenarios:
     def __init__(self, parallel: int = PARALLEL) -> None:
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, threading.Event] = {}
+        self._start_times: dict[str, float] = {}
+        self._cancelled = threading.Event()
         self._errors: dict[str, BaseException] = {}
         self._values: dict[str, Any] = {}
         self._slots = threading.Semaphore(parallel)
@@ -65,7 +68,11 @@ class Scenarios:
 
         def body() -> None:
             with self._slots:  # the others wait for a slot
+                self._start_times[name] = time.monotonic()
                 started.set()
+                if self._cancelled.is_set():  # the session is ending: queued scenarios do not start
+                    self._errors[name] = RuntimeError(f"scenario {name} not started: the session ended")
+                    return
                 try:
                     self._values[name] = scenario(tmp)
                 except BaseException as exc:  # re-raised by the test that owns the scenario
@@ -77,21 +84,39 @@ class Scenarios:
 
     def result(self, name: str, timeout: float = SCENARIO_TIMEOUT) -> Any:
         """Wait for `name`'s scenario (at most `timeout` s from its start) and raise what it
-        raised, or return what it returned."""
+        raised, or return what it returned. (Waiting for it to start is bounded by the test's
+        own timeout: those queued before it each have their own limit.)"""
         self._started[name].wait()
         thread = self._threads[name]
-        thread.join(timeout)
+        thread.join(max(0.0, self._start_times[name] + timeout - time.monotonic()))
         assert not thread.is_alive(), f"scenario {name} still running after {timeout:g} s"
         if name in self._errors:
             raise self._errors[name]
         return self._values.get(name)
 
     def join_all(self, timeout: float) -> None:
+        """Start nothing more and wait, `timeout` s in all, for what is running."""
+        self._cancelled.set()
+        deadline = time.monotonic() + timeout
         for thread in self._threads.values():
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 EARLY = Scenarios(EARLY_PARALLEL)
+_ENV: dict[str, str] = {}
+
+
+def env() -> dict[str, str]:
+    """The environment as it was when the early scenarios started, for the processes they start.
+    Tests change os.environ for their own duration (monkeypatch: PUBSUB_EMULATOR_HOST, ...); a
+    scenario copying it meanwhile could get their values, or a dict changed mid-copy."""
+    return dict(_ENV or os.environ)
+
+
+def _changes_environment(module: ModuleType) -> bool:
+    """Modules that set DELTABUS_* variables to values other tests' clients would refuse
+    (``CHANGES_ENVIRONMENT = True``): they run first, before the early scenarios start."""
+    return getattr(module, "CHANGES_ENVIRONMENT", False) is True
 
 
 def _early_scenarios(module: ModuleType) -> dict[str, Scenario] | None:
@@ -100,7 +125,8 @@ def _early_scenarios(module: ModuleType) -> dict[str, Scenario] | None:
 
 
 def move_background_modules_last(items: list[pytest.Item]) -> None:
-    """Reorder `items` in place: modules with early scenarios after all the others, each kept whole and in order."""
+    """Reorder `items` in place: modules that change the environment first, modules with early
+    scenarios after all the others, each kept whole and in order."""
     early = [item for item in items if _early_scenarios(item.module) is not None]  # type: ignore[attr-defined]
     for item in early:
         # A test waiting for its scenario may wait for those queued before it too; its
@@ -108,13 +134,20 @@ def move_background_modules_last(items: list[pytest.Item]) -> None:
         scenarios, needed_by = _early_scenarios(item.module) or {}, getattr(item.module, "BACKGROUND_TESTS", {})  # type: ignore[attr-defined]
         if item.originalname in scenarios or any(item.originalname in tests for tests in needed_by.values()):  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.timeout(900))
-    if early:
-        rest = [item for item in items if _early_scenarios(item.module) is None]  # type: ignore[attr-defined]
-        items[:] = rest + early
+    first = [item for item in items if _changes_environment(item.module)]  # type: ignore[attr-defined]
+    rest = [item for item in items if _early_scenarios(item.module) is None and not _changes_environment(item.module)]  # type: ignore[attr-defined]
+    items[:] = first + rest + early
+
+
+def waits_for_environment(item: pytest.Item) -> bool:
+    """True for the tests that run before the early scenarios may start."""
+    return _changes_environment(item.module)  # type: ignore[attr-defined]
 
 
 def start_early(items: list[pytest.Item], tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
     """Start the early scenarios that this session's selected tests need, in module order."""
+    if not _ENV:
+        _ENV.update(os.environ)
     modules: dict[ModuleType, set[str]] = {}
     for item in items:
         modules.setdefault(item.module, set()).add(item.originalname)  # type: ignore[attr-defined]

@@ -164,8 +164,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     background.move_background_modules_last(items)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def early_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[background.Scenarios]:
-    """The suite's slow scenarios, started by its first test (tests/background.py)."""
+    """The suite's slow scenarios (tests/background.py)."""
     yield background.start_early(request.session.items, tmp_path_factory)
-    background.EARLY.join_all(60)
+    background.EARLY.join_all(120)
+
+
+@pytest.fixture(autouse=True)
+def _start_early_background(request: pytest.FixtureRequest) -> None:
+    """The first test that does not change the environment starts the early scenarios."""
+    if not background.waits_for_environment(request.node):
+        request.getfixturevalue("early_background")

@@ -10,19 +10,29 @@ from pathlib import Path
 
 import pytest
 
+from bench import chaos
 from bench.chaos import ConcurrentSettings, KillSettings, concurrent, kills, summary
+from tests import background
 from bench.chaos_endpoint import ChaosEndpoint, EndpointSettings
 from tests.leaks import Secrets
 
 
+def quiet(tmp: Path) -> None:
+    """The harness's lines to a file, and its processes the environment as the session began:
+    it runs beside other tests (tests/background.py), which capture stdout and change os.environ."""
+    chaos.Io.log = open(tmp / "harness.log", "a", buffering=1)
+    chaos.Io.env = background.env()
+
+
 def job_kills_under_the_failing_endpoint_mix(tmp: Path) -> None:
+    quiet(tmp)
     # Every behaviour of the mix; one kill of a push worker alone (the job lives on), then of
     # the whole job; the last run on a damaged (truncated) streaming checkpoint. Fewer 500s
     # than the bench's 50%: the subscription's push backoff makes those the run's long tail
     # (600 messages took ~100 s at 50%).
     r = kills(tmp, KillSettings(messages=600, kills=1, failing_messages=50, min_gap=1.5, max_gap=3.0, refuse_seconds=8.0,
                                 kill_worker_every=1, flaky_odds=0.2, finish_timeout=240.0))
-    print(summary("kills", r))
+    chaos.log(summary("kills", r))
     # No secret in the log of every run of the job: the signing key, the tokens the endpoint
     # was sent, the payloads (the harness publishes b"k" * 64).
     secrets = Secrets()
@@ -52,10 +62,11 @@ def job_kills_under_the_failing_endpoint_mix(tmp: Path) -> None:
 
 
 def concurrent_clients_with_kills(tmp: Path) -> None:
+    quiet(tmp)
     # Beside the push job (a push subscription of the same topic), not killed here: the
     # scenario above kills it; this one checks pushes and pulls share the tables unharmed.
     r = concurrent(tmp, ConcurrentSettings(processes=5, seconds=12.0, kill_every=2.0, lease_cap=10, job_kill_every=None))
-    print(summary("concurrent", r))
+    chaos.log(summary("concurrent", r))
     push = r["push"]
     assert push["published"] > 0 and push["acked"] == push["published"]
     assert (push["lost"], push["acked_then_redelivered"], push["backlog_unacked"]) == (0, 0, 0), push

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from deltabus import SubscriberClient
+from tests import background
 from tests.background import in_warehouse
 from tests.conftest import ROOT
 from tests.endpoints import Behaviour, Endpoint
@@ -25,7 +26,7 @@ SECRET_ATTR = "SECRET-ATTR-deliver-job"
 
 
 def start_job(warehouse, *args, log_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env = {k: v for k, v in background.env().items() if not k.startswith("PYSPARK")}
     env["DELTABUS_ALLOW_HTTP"] = "1"
     log = open(log_path, "ab")
     return subprocess.Popen(
@@ -87,7 +88,7 @@ def sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_path):
 
 
 def spark_submit_ships_the_library_and_settings(_tmp):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "DELTABUS_CONF"))}
+    env = {k: v for k, v in background.env().items() if not k.startswith(("PYSPARK", "DELTABUS_CONF"))}
     out = subprocess.run([str(ROOT / "spark-submit.sh"), "tests/integration/jobs/where_is_deltabus.py"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -97,7 +98,7 @@ def spark_submit_ships_the_library_and_settings(_tmp):
 
 
 def a_master_without_a_slot_to_spare_is_refused_with_the_rule(pub, _topic, warehouse, _tmp):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env = {k: v for k, v in background.env().items() if not k.startswith("PYSPARK")}
     out = subprocess.run([str(ROOT / "spark-submit.sh"), "--master", "local[1]", "jobs/deliver.py", "--warehouse", warehouse, "--until-idle"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     both = out.stdout + out.stderr

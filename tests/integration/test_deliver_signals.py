@@ -19,6 +19,7 @@ import pytest
 
 from deltabus import SubscriberClient
 from deltabus.storage.arrow import read_table
+from tests import background
 from tests.background import in_warehouse
 from tests.conftest import ROOT
 from tests.endpoints import Behaviour, Endpoint
@@ -32,7 +33,7 @@ NOISE = ("FairSchedulableBuilder", "Failed to cancel job group", "falling behind
 
 
 def start(warehouse, tmp_path, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env = {k: v for k, v in background.env().items() if not k.startswith("PYSPARK")}
     env["DELTABUS_ALLOW_HTTP"] = "1"
     out, err = tmp_path / "out.log", tmp_path / "err.log"
     job = subprocess.Popen(

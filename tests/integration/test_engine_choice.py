@@ -19,6 +19,10 @@ from deltabus.errors import InvalidArgument
 from deltabus.storage import ENGINES, choose_engine, open_engine
 from deltabus.storage.delta_spark import moved
 
+# Sets DELTABUS_* variables to values clients refuse: runs before the early scenarios start
+# (tests/background.py), whose in-process clients read them.
+CHANGES_ENVIRONMENT = True
+
 
 def test_auto_is_delta_rs_without_spark_and_env_forces_a_choice(warehouse, monkeypatch):
     monkeypatch.delenv("DELTABUS_ENGINE", raising=False)
@@ -40,6 +44,7 @@ import json, sys
 from pyspark.sql import SparkSession
 from deltabus.errors import FailedPrecondition
 from deltabus.storage import choose_engine, open_engine
+
 spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
 out = {"auto": choose_engine("auto", spark), "jars": spark.conf.get("spark.jars", "")}
 try:

@@ -9,7 +9,6 @@ probe cell appended to the executed copy describes as JSON."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from nbclient import NotebookClient
 
+from tests import background
 from tests.conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -88,7 +88,7 @@ def execute(path: Path, base: Path) -> Run:
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     # The kernel's own environment (not os.environ: other scenarios start beside this one).
-    env = {k: v for k, v in os.environ.items() if k != "DELTABUS_WAREHOUSE"}
+    env = {k: v for k, v in background.env().items() if k != "DELTABUS_WAREHOUSE"}
     env["TMPDIR"] = str(tmpdir)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(base)}}).execute(env=env)
     [line] = [ln for o in nb.cells[-1].outputs for ln in _text(o).splitlines() if ln.startswith(PROBE_MARK)]

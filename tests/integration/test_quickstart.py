@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from deltabus import quickstart
+from tests import background
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.spark
@@ -62,7 +63,7 @@ def test_job_help():
 
 def readme_first_command_runs_the_job(tmp_path):
     """./spark-submit.sh jobs/quickstart.py, exactly as the README says (with a temp warehouse)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env = {k: v for k, v in background.env().items() if not k.startswith("PYSPARK")}
     out = subprocess.run(
         [str(ROOT / "spark-submit.sh"), "jobs/quickstart.py", "--warehouse", str(tmp_path / "wh")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,

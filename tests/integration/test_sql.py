@@ -14,6 +14,7 @@ import pytest
 import deltabus.spark
 from deltabus.errors import WarehouseNotFound
 from deltabus.spark.sql_shell import repl, split_statements, take_statements
+from tests import background
 from tests.background import in_warehouse
 from tests.conftest import ROOT, ManualClock
 
@@ -172,7 +173,7 @@ class _Pty:
 
 def sql_prompt_on_a_terminal_through_spark_submit(pub, topic, warehouse, _tmp):
     _sql_warehouse(pub, topic)
-    env = dict(os.environ, TERM="dumb")
+    env = dict(background.env(), TERM="dumb")
     term = _Pty([str(ROOT / "spark-submit.sh"), "jobs/sql.py", "--warehouse", warehouse], ROOT, env)
     try:
         assert "End each statement with ';'" in term.expect("deltabus-sql> ")

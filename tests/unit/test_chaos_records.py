@@ -36,3 +36,21 @@ def test_a_call_without_its_return_mid_run_is_an_error_not_an_ack(tmp_path):
     got = _read_client_records(tmp_path)
     assert got.ack_called == set() and got.cut_ack_calls == 0
     assert got.errors == 1
+
+
+def test_a_line_cut_by_a_kill_does_not_hide_the_next_runs_start(tmp_path):
+    f = tmp_path / "1-puller.jsonl"
+    write(f, {"e": "start", "pid": 1, "role": "puller"}, {"e": "ack-call", "ids": ["a"]})
+    with open(f, "a") as out:
+        out.write('{"e": "ack", "ids": ["a"], "t"')  # cut mid-line by the kill
+        out.write("\n")  # what the next run writes first (chaos_client.Records.newline)
+    write(f, {"e": "start", "pid": 2, "role": "puller"}, {"e": "ack-call", "ids": ["b"]}, {"e": "ack", "ids": ["b"], "t": 2.0})
+    got = _read_client_records(tmp_path)
+    assert got.ack_called == {"a"} and got.cut_ack_calls == 1 and got.errors == 0
+
+
+def test_files_without_start_records_keep_the_old_rule(tmp_path):
+    write(tmp_path / "1-puller.jsonl", {"e": "ack-call", "ids": ["a"]}, {"e": "ack-call", "ids": ["b"]},
+          {"e": "ack", "ids": ["b"], "t": 1.0}, {"e": "ack-call", "ids": ["c"]})
+    got = _read_client_records(tmp_path)
+    assert got.ack_called == {"a", "c"} and got.errors == 0

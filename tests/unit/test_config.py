@@ -2,6 +2,10 @@ import pytest
 
 from deltabus import InvalidArgument, config
 
+# Sets DELTABUS_* variables to values clients refuse: runs before the early scenarios start
+# (tests/background.py), whose in-process clients read them.
+CHANGES_ENVIRONMENT = True
+
 
 def test_file_then_environment(tmp_path):
     f = tmp_path / "deltabus.conf"

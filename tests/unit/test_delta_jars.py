@@ -10,6 +10,10 @@ from deltabus import config
 from deltabus.errors import InvalidArgument
 from deltabus.spark.delta_jars import IVY_SETTINGS, SESSION_CONFS, Package, SubmitLine, cached, plan_submit
 
+# Sets DELTABUS_* variables to values clients refuse: runs before the early scenarios start
+# (tests/background.py), whose in-process clients read them.
+CHANGES_ENVIRONMENT = True
+
 JARS = [Path("/cache/d/delta-spark.jar"), Path("/cache/d/delta-storage.jar")]
 EXT = [f"{k}={v}" for k, v in SESSION_CONFS.items()]
 

@@ -20,12 +20,16 @@ def test_a_forked_child_dying_after_a_stop_is_its_cause_line_to_log():
     assert failed_while_stopping(True, [OUTER, KILLED_CHMOD]) == KILLED_CHMOD
     assert failed_while_stopping(True, [OUTER, NO_FORK]) == NO_FORK
     assert failed_while_stopping(True, ["  \n  " + KILLED_CHMOD + "  \nmore"]) == KILLED_CHMOD
-    assert len(failed_while_stopping(True, ["ExitCodeException " + "x" * 1000]) or "") == 300
+    assert len(failed_while_stopping(True, ["ExitCodeException exitCode=143 " + "x" * 1000]) or "") == 300
+    interrupted = "PythonException: KeyboardInterrupt"
+    assert failed_while_stopping(True, [OUTER, interrupted]) == interrupted
 
 
 def test_any_other_failure_is_raised_even_after_a_stop():
     assert failed_while_stopping(True, [OUTER]) is None
     assert failed_while_stopping(True, [OUTER, "UnknownException: java.lang.OutOfMemoryError: Java heap space"]) is None
+    # chmod failing on its own (a full disk, a bad permission) is no signal's doing
+    assert failed_while_stopping(True, [OUTER, "UnknownException: org.apache.hadoop.util.Shell$ExitCodeException: exitCode=1"]) is None
     assert failed_while_stopping(True, []) is None
 
 
@@ -47,3 +51,11 @@ def test_the_chain_is_outermost_first_and_ends_on_a_loop():
             raise RuntimeError("second") from first
     except RuntimeError as second:
         assert exception_chain(second) == ["RuntimeError: second", "ValueError: first"]
+
+
+def test_a_text_that_cannot_be_had_does_not_hide_the_failure():
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("the JVM is gone")
+
+    assert exception_chain(Unprintable()) == ["Unprintable: (no text: RuntimeError)"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -56,15 +57,14 @@ def _cheap_local_checkpoints(spark: "SparkSession", checkpoint: str) -> None:
     spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
 
 
-# What a forked child's death looks like in the query's failure (Hadoop's Shell for chmod, or
-# the JVM failing to fork one): seen as ``Shell$ExitCodeException exitCode=143`` and as
-# ``Cannot run program "chmod": ... Failed to exec spawn helper``.
-FORK_FAILURES = ("ExitCodeException", "Cannot run program", "spawn helper")
-
-
+# What a child's death by the group's signal looks like in the query's failure: Hadoop's Shell
+# for a chmod the signal killed (seen: ``Shell$ExitCodeException exitCode=143``; 130 is
+# SIGINT's, 137 SIGKILL's), the JVM failing to fork one (seen: ``Cannot run program "chmod":
+# ... Failed to exec spawn helper``), or a Python worker interrupted by Ctrl-C.
+FORK_FAILURES = re.compile(r"ExitCodeException\b.*\bexitCode=(130|137|143)\b|Cannot run program|spawn helper|KeyboardInterrupt")
 def failed_while_stopping(stop_requested: bool, texts: Sequence[str]) -> str | None:
-    """The one-line cause to log when the query failed, after a stop was asked for, because a
-    process the JVM forked died or could not start (None: a failure to raise).
+    """The one-line cause to log when the query failed, after a stop was asked for, because the
+    stop's signal reached a child of the job (None: a failure to raise).
 
     A signal to the job's process group (Ctrl-C at a terminal, ``kill -TERM -<pgid>``) also
     reaches the children the JVM forks: without Hadoop's native library every checkpoint log
@@ -81,7 +81,7 @@ def failed_while_stopping(stop_requested: bool, texts: Sequence[str]) -> str | N
         return None
     for text in texts:
         for line in text.splitlines():
-            if any(marker in line for marker in FORK_FAILURES):
+            if FORK_FAILURES.search(line):
                 return line.strip()[:300]
     return None
 
@@ -96,7 +96,10 @@ def exception_chain(exc: BaseException, limit: int = 10) -> list[str]:
     current: object = exc
     while isinstance(current, BaseException) and id(current) not in seen and len(texts) < limit:
         seen.add(id(current))
-        texts.append(f"{type(current).__name__}: {current}")
+        try:
+            texts.append(f"{type(current).__name__}: {current}")
+        except Exception as exc:  # str() of a JVM error asks the JVM, which may be going away
+            texts.append(f"{type(current).__name__}: (no text: {type(exc).__name__})")
         current = getattr(current, "_cause", None) or current.__cause__
     return texts
 
@@ -170,7 +173,8 @@ def run(
             try:
                 ended = query.awaitTermination(0.2)
             except Exception as exc:  # the query failed: a damaged checkpoint is set aside once (checkpoint_damage)
-                while_stopping = failed_while_stopping(stop is not None and stop.is_set(), exception_chain(exc))
+                stopping = stop is not None and stop.is_set()
+                while_stopping = failed_while_stopping(stopping, exception_chain(exc) if stopping else [])
                 if while_stopping is not None:
                     log.warning("the streaming query failed while stopping (%s); nothing is lost: the next start resumes "
                                 "from the checkpoint", while_stopping)
