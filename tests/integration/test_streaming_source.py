@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from deltabus import SubscriberClient
 from deltabus.errors import InvalidArgument
 from deltabus.spark.streaming import NAME, StreamOptions, idempotent_delta_sink, register
+from tests import background
+from tests.background import in_warehouse
 
 pytestmark = pytest.mark.spark
 
@@ -234,16 +237,24 @@ def test_the_reader_and_its_partitions_pickle_and_open_nothing(tmp_path):
 
 
 def _start_worker(warehouse, subscription, sink, checkpoint, log_path, *extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env = {k: v for k, v in background.env().items() if not k.startswith("PYSPARK")}
     log = open(log_path, "a")
     return subprocess.Popen([sys.executable, str(HERE / "_stream_worker.py"), warehouse, subscription, sink, checkpoint, *extra],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True)
 
 
-def test_sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_once(pub, sub, topic, warehouse, tmp_path):
+def sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_once(pub, topic, warehouse, tmp_path):
     """The query runs in a child process killed (SIGKILL of its whole process group: the JVM,
     the source's runner, the Python workers) at random moments while batches flow, twice, then
     runs to the end. Every published id is in the sink exactly once, each key in publish order."""
+    sub = SubscriberClient(warehouse=warehouse)
+    try:
+        _sigkill_scenario(pub, sub, topic, warehouse, tmp_path)
+    finally:
+        sub.close()
+
+
+def _sigkill_scenario(pub, sub, topic, warehouse, tmp_path):
     s = sub.subscription_path("local", "crashy")
     sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=10, enable_message_ordering=True)
     published = pub.publish_batch(topic, [{"data": f"p{i}".encode()} for i in range(700)])
@@ -286,6 +297,16 @@ def test_sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_
     assert sub.get_backlog(s).num_unacked_messages == 0
     ledger = next((Path(warehouse) / "_streams").glob("*/default"))
     assert not list(ledger.glob("m-*/*.parquet"))  # no live manifest with rows left
+
+
+# Three Spark starts in child processes (62-134 s here): in the background from the session's
+# first test on (tests/background.py).
+BACKGROUND = {"test_sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_once":
+              in_warehouse(sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_once)}
+
+
+def test_sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_once(early_background):
+    early_background.result("test_sigkill_at_random_points_and_restart_puts_every_id_in_the_sink_exactly_once")
 
 
 def test_restart_orders_replay_the_same_rows_and_never_emit_a_message_twice(pub, sub, topic, warehouse):
