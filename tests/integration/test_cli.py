@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from deltabus import SubscriberClient, cli
+from tests import background
 from tests.conftest import table_versions
 
 SCRIPT = Path(sys.executable).with_name("deltabus")
 
 
 def run(warehouse, *args, input=None, ok=True):
-    env = {**os.environ, "DELTABUS_WAREHOUSE": warehouse, "DELTABUS_PROJECT": "cli"}
+    env = {**background.env(), "DELTABUS_WAREHOUSE": warehouse, "DELTABUS_PROJECT": "cli"}
     p = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=env, input=input, timeout=120)
     if ok:
         assert p.returncode == 0, p.stderr
@@ -40,7 +41,7 @@ def test_help_everywhere(warehouse, capsys):
         assert "usage: deltabus" in capsys.readouterr().out, args
 
 
-def test_topics_and_subscriptions_lifecycle(warehouse):
+def topics_and_subscriptions_lifecycle(warehouse):
     assert "created topic projects/cli/topics/orders" in run(warehouse, "topics", "create", "orders", "--label", "team=data").stdout
     assert "projects/cli/topics/orders" in run(warehouse, "topics", "list").stdout
     run(warehouse, "subscriptions", "create", "orders-pull", "--topic", "orders", "--ack-deadline", "30")
@@ -60,7 +61,7 @@ def test_topics_and_subscriptions_lifecycle(warehouse):
     assert "orders" not in run(warehouse, "topics", "list").stdout.split("\n", 2)[-1]
 
 
-def test_publish_pull_ack_and_backlog(warehouse, tmp_path):
+def publish_pull_ack_and_backlog(warehouse, tmp_path):
     run(warehouse, "topics", "create", "events")
     run(warehouse, "subscriptions", "create", "events-sub", "--topic", "events")
     ids = run(warehouse, "publish", "events", "one", "two", "--attribute", "src=cli").stdout.split()
@@ -80,6 +81,7 @@ def test_publish_pull_ack_and_backlog(warehouse, tmp_path):
     assert [m["data"] for m in msgs] == ["one", "two"] and msgs[0]["attributes"] == {"src": "cli"}
     sub = SubscriberClient(warehouse=warehouse)
     assert sub.get_backlog("projects/cli/subscriptions/events-sub").num_unacked_messages == 12001
+    sub.close()
 
 
 @pytest.mark.parametrize(
@@ -124,9 +126,9 @@ def deltabus(capsys, warehouse, *argv, code=0):
     return cap.out, cap.err
 
 
-def test_global_options_before_the_command_are_used(tmp_path):
+def global_options_before_the_command_are_used(tmp_path):
     """`deltabus --warehouse W topics list` ran against ./warehouse."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DELTABUS_WAREHOUSE", "DELTABUS_PROJECT")}
+    env = {k: v for k, v in background.env().items() if k not in ("DELTABUS_WAREHOUSE", "DELTABUS_PROJECT")}
     w = str(tmp_path / "w")
     run_ = lambda *a: subprocess.run([str(SCRIPT), *a], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert run_("--warehouse", w, "--project", "p1", "topics", "create", "orders").returncode == 0
@@ -134,6 +136,27 @@ def test_global_options_before_the_command_are_used(tmp_path):
     assert "projects/p1/topics/orders" in run_("topics", "list", "--project", "p1", "--warehouse", w).stdout
     assert "projects/p1/topics/orders" not in run_("--warehouse", w, "topics", "list").stdout  # project "local"
     assert not (tmp_path / "warehouse").exists()
+
+
+# The console script's runs (~1 s each, ~23 s for these three) in the background from the
+# session's first test on (tests/background.py).
+BACKGROUND = {
+    "test_topics_and_subscriptions_lifecycle": lambda tmp: topics_and_subscriptions_lifecycle(str(tmp / "warehouse")),
+    "test_publish_pull_ack_and_backlog": lambda tmp: publish_pull_ack_and_backlog(str(tmp / "warehouse"), tmp),
+    "test_global_options_before_the_command_are_used": global_options_before_the_command_are_used,
+}
+
+
+def test_topics_and_subscriptions_lifecycle(early_background):
+    early_background.result("test_topics_and_subscriptions_lifecycle")
+
+
+def test_publish_pull_ack_and_backlog(early_background):
+    early_background.result("test_publish_pull_ack_and_backlog")
+
+
+def test_global_options_before_the_command_are_used(early_background):
+    early_background.result("test_global_options_before_the_command_are_used")
 
 
 READS = [

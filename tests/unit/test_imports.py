@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import background
+
 ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "lib"
 
@@ -66,7 +68,8 @@ def import_each(lib: Path, package: str, workers: int | None = None) -> dict[str
     """Import every module of ``package`` under ``lib`` alone; the failures, by module."""
     modules = modules_of(lib, package)
     workers = max(1, min(workers or os.cpu_count() or 1, len(modules)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(lib), os.environ.get("PYTHONPATH", "")])}
+    base = background.env()
+    env = {**base, "PYTHONPATH": os.pathsep.join([str(lib), base.get("PYTHONPATH", "")])}
     children = [
         subprocess.Popen(
             [sys.executable, "-c", _CHILD, package, *modules[i::workers]],
@@ -82,13 +85,21 @@ def import_each(lib: Path, package: str, workers: int | None = None) -> dict[str
     return failed
 
 
-def test_every_deltabus_module_imports_alone_in_a_fresh_interpreter():
+def every_deltabus_module_imports_alone_in_a_fresh_interpreter(_tmp: Path) -> None:
     modules = modules_of(LIB, "deltabus")
     assert "deltabus.storage.engine" in modules and "deltabus" in modules  # the walk found the tree
     failed = import_each(LIB, "deltabus")
     assert not failed, "modules that fail as the first deltabus import (an import cycle?):\n" + "\n".join(
         f"  {name}: {error}" for name, error in sorted(failed.items())
     )
+
+
+# One interpreter per module (~8 s): in the background from the session's first test on (tests/background.py).
+BACKGROUND = {"test_every_deltabus_module_imports_alone_in_a_fresh_interpreter": every_deltabus_module_imports_alone_in_a_fresh_interpreter}
+
+
+def test_every_deltabus_module_imports_alone_in_a_fresh_interpreter(early_background):
+    early_background.result("test_every_deltabus_module_imports_alone_in_a_fresh_interpreter")
 
 
 def test_a_cycle_that_works_from_one_side_only_is_reported(tmp_path):
