@@ -421,3 +421,20 @@ def test_a_new_checkpoint_on_the_same_consumer_gets_the_old_checkpoints_uncommit
     got = [r["message_id"] for p in new.partitions(flush, again) for r in pq.read_table(p.path).to_pylist()]
     assert sorted(got) == sorted(published)
     new.stop()
+
+
+def test_the_idempotent_sink_skips_a_replay_and_refuses_an_app_id_another_checkpoint_used(spark, tmp_path):
+    from deltabus.errors import FailedPrecondition
+
+    sink = str(tmp_path / "sink")
+    write = idempotent_delta_sink(sink, "q")
+    batch = lambda *ids: spark.createDataFrame([(i,) for i in ids], "message_id string")  # noqa: E731
+    write(batch("a"), 0)
+    write(batch("b"), 1)
+    write(batch("b"), 1)  # Spark's replay of its last batch after a crash: skipped
+    assert sorted(r["message_id"] for r in _sink_rows(sink)) == ["a", "b"]
+    # A reset checkpoint starts again at batch 0 under the same app id: skipping it would
+    # drop messages the source then acks, so it is refused, naming the app id.
+    with pytest.raises(FailedPrecondition, match="app_id 'q'.*one app_id per checkpoint"):
+        write(batch("c"), 0)
+    assert sorted(r["message_id"] for r in _sink_rows(sink)) == ["a", "b"]

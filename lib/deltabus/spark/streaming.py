@@ -490,6 +490,7 @@ class _Runtime:
 
     def _lease_rows(self) -> pa.Table | None:
         """Pull up to maxMessagesPerTrigger new deliveries; None when the clock is uncertain."""
+        from ..delivery.model import Result
         from ..delivery.operations import acknowledge_results, pull
         from ..delivery.payloads import read_payloads
         from ..errors import ClockUncertain
@@ -518,8 +519,10 @@ class _Runtime:
                 self.ack_ids[key] = ackid.encode(rec.sub_uid, l.message_id, l.delivery_attempt, l.message_version)
             if split.ack_now:
                 refs = [(leases[i].message_id, leases[i].delivery_attempt, leases[i].message_version) for i in split.ack_now]
-                acknowledge_results(self.engine, rec, refs)
-                unsettled = {k: t for k, t in self.ledger.unsettled.items() if k not in {keys[i] for i in split.ack_now}}
+                results = acknowledge_results(self.engine, rec, refs)
+                # Only those acked leave `unsettled`: one whose ack did not apply comes back, and stays out then too.
+                settled = {keys[i] for i, r in zip(split.ack_now, results) if r.result is Result.SUCCESS}
+                unsettled = {k: t for k, t in self.ledger.unsettled.items() if k not in settled}
                 self._save(replace(self.ledger, unsettled=unsettled))
             for i in split.emit:
                 l = leases[i]
@@ -884,8 +887,9 @@ def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, ended_a
 def idempotent_delta_sink(uri: str, app_id: str, *, storage_options: Mapping[str, str] | None = None) -> Callable[[Any, int], None]:
     """A ``foreachBatch`` function appending each micro-batch to the Delta table at `uri`
     with delta-rs, at most once per batch id: the batch id is recorded as application
-    transaction `app_id` in the same commit, and a batch id not above the recorded one is
-    skipped (a replay after a crash)."""
+    transaction `app_id` in the same commit, and the recorded batch id is skipped (Spark's
+    replay of its last batch after a crash). A batch id below the recorded one is refused:
+    another checkpoint writes under this app id (use one app_id per checkpoint)."""
     if not app_id:
         raise InvalidArgument("app_id", "must be a non-empty string (one per query)")
 
@@ -902,7 +906,15 @@ def idempotent_delta_sink(uri: str, app_id: str, *, storage_options: Mapping[str
             write_deltalake(uri, table, mode="append", storage_options=opts, commit_properties=props)
             return
         done = dt.transaction_version(app_id)
-        if (done is not None and done >= batch_id) or table.num_rows == 0:
+        if done is not None and done > batch_id:
+            # Spark replays only its last batch; an older id means another checkpoint (a reset
+            # one, say) writes under this app id, and skipping would drop messages it then acks.
+            from ..errors import FailedPrecondition
+
+            raise FailedPrecondition(
+                f"app_id {app_id!r}: {uri} already holds batch {done} of it and this query wrote batch {batch_id}; "
+                "use one app_id per checkpoint (a new checkpoint needs a new app_id)")
+        if (done is not None and done == batch_id) or table.num_rows == 0:
             return
         write_deltalake(dt, table, mode="append", commit_properties=props)
 
