@@ -124,6 +124,13 @@ def _early_scenarios(module: ModuleType) -> dict[str, Scenario] | None:
     return found if isinstance(found, dict) else None
 
 
+def _waited_for(module: ModuleType, test: str) -> set[str]:
+    """The early scenarios of `module` that its test named `test` waits for."""
+    scenarios = _early_scenarios(module) or {}
+    needed_by: dict[str, set[str]] = getattr(module, "BACKGROUND_TESTS", {})
+    return {name for name in scenarios if name == test or test in needed_by.get(name, ())}
+
+
 def move_background_modules_last(items: list[pytest.Item]) -> None:
     """Reorder `items` in place: modules that change the environment first, modules with early
     scenarios after all the others, each kept whole and in order."""
@@ -131,8 +138,7 @@ def move_background_modules_last(items: list[pytest.Item]) -> None:
     for item in early:
         # A test waiting for its scenario may wait for those queued before it too; its
         # scenario's own limit (SCENARIO_TIMEOUT from its start) still holds.
-        scenarios, needed_by = _early_scenarios(item.module) or {}, getattr(item.module, "BACKGROUND_TESTS", {})  # type: ignore[attr-defined]
-        if item.originalname in scenarios or any(item.originalname in tests for tests in needed_by.values()):  # type: ignore[attr-defined]
+        if _waited_for(item.module, item.originalname):  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.timeout(900))
     first = [item for item in items if _changes_environment(item.module)]  # type: ignore[attr-defined]
     rest = [item for item in items if _early_scenarios(item.module) is None and not _changes_environment(item.module)]  # type: ignore[attr-defined]
@@ -152,12 +158,10 @@ def start_early(items: list[pytest.Item], tmp_path_factory: pytest.TempPathFacto
     for item in items:
         modules.setdefault(item.module, set()).add(item.originalname)  # type: ignore[attr-defined]
     for module, selected in modules.items():
-        scenarios = _early_scenarios(module)
-        if not scenarios:
-            continue
-        needed_by: dict[str, set[str]] = getattr(module, "BACKGROUND_TESTS", {})
-        for name, scenario in scenarios.items():
-            if name not in EARLY and (name in selected or selected & set(needed_by.get(name, ()))):
+        scenarios = _early_scenarios(module) or {}
+        needed = set().union(*(_waited_for(module, test) for test in selected))
+        for name, scenario in scenarios.items():  # in the module's order
+            if name in needed and name not in EARLY:
                 EARLY.start(name, scenario, tmp_path_factory.mktemp(name[:40]))
     return EARLY
 

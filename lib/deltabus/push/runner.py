@@ -62,6 +62,8 @@ def _cheap_local_checkpoints(spark: "SparkSession", checkpoint: str) -> None:
 # SIGINT's, 137 SIGKILL's), the JVM failing to fork one (seen: ``Cannot run program "chmod":
 # ... Failed to exec spawn helper``), or a Python worker interrupted by Ctrl-C.
 FORK_FAILURES = re.compile(r"ExitCodeException\b.*\bexitCode=(130|137|143)\b|Cannot run program|spawn helper|KeyboardInterrupt")
+
+
 def failed_while_stopping(stop_requested: bool, texts: Sequence[str]) -> str | None:
     """The one-line cause to log when the query failed, after a stop was asked for, because the
     stop's signal reached a child of the job (None: a failure to raise).
@@ -98,8 +100,8 @@ def exception_chain(exc: BaseException, limit: int = 10) -> list[str]:
         seen.add(id(current))
         try:
             texts.append(f"{type(current).__name__}: {current}")
-        except Exception as exc:  # str() of a JVM error asks the JVM, which may be going away
-            texts.append(f"{type(current).__name__}: (no text: {type(exc).__name__})")
+        except Exception as unreadable:  # str() of a JVM error asks the JVM, which may be going away
+            texts.append(f"{type(current).__name__}: (no text: {type(unreadable).__name__})")
         current = getattr(current, "_cause", None) or current.__cause__
     return texts
 
