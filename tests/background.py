@@ -12,11 +12,18 @@ Two ways to run them:
   every selected scenario of every such module, in module order, ``EARLY_PARALLEL`` at a time
   (1: one scenario, about a core, beside the ~600 s of the other tests, which the pytest
   process runs on the other core; two scenarios beside them overloaded the cores and made
-  timing-bound tests fail in a trial). ``move_background_modules_last`` runs those modules
+  timing-bound tests fail in a trial). ``arrange`` runs those modules
   after all others, so their tests find their scenarios done. Only scenarios that run their
   own processes go early: in-process ones would log into other tests' caplog.
 - Within the module (``start_selected`` from a module fixture): its scenarios start, two at a
   time (``PARALLEL``), when the module's first test asks for the fixture.
+- Out of process (a module sets ``OUT_OF_PROCESS = True``): its selected tests run in a pytest
+  process of their own (``tests/out_of_process.py``), queued with the early scenarios. In this
+  session each becomes a stand-in of the same id that waits for that run and reports the
+  test's own outcome (its failure text, skip reason). For modules whose tests run in process
+  (a SparkSession, in-process clients) and take long, so they could not be scenarios: their
+  logs and environment changes stay in their own process. A session that selects nothing else
+  runs them in place, as there is nothing to overlap them with.
 
 Only the scenarios of tests selected in this session start (`-k one_test` runs just it).
 ``BACKGROUND_TESTS = {scenario name: test names}`` names other tests that need a scenario.
@@ -29,9 +36,13 @@ traceback) or gets what it returned.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import types
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator
@@ -46,6 +57,12 @@ PARALLEL = int(os.environ.get("DELTABUS_TEST_PARALLEL", "2"))
 EARLY_PARALLEL = int(os.environ.get("DELTABUS_TEST_EARLY_PARALLEL", "1"))
 # A test's own limit (the suite's per-test timeout is 300 s) counts from its scenario's start.
 SCENARIO_TIMEOUT = 290.0
+# An out-of-process run is a module's tests one after another (each still has its own 300 s).
+OUT_OF_PROCESS_TIMEOUT = 840.0
+ROOT = Path(__file__).resolve().parents[1]
+# Set in the environment of an out-of-process run: it runs its tests in place.
+INNER = "DELTABUS_TEST_INNER"
+REPORTS = "DELTABUS_TEST_REPORTS"
 
 
 class Scenarios:
@@ -55,6 +72,7 @@ class Scenarios:
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, threading.Event] = {}
         self._start_times: dict[str, float] = {}
+        self._end_times: dict[str, float] = {}
         self._cancelled = threading.Event()
         self._errors: dict[str, BaseException] = {}
         self._values: dict[str, Any] = {}
@@ -77,6 +95,8 @@ class Scenarios:
                     self._values[name] = scenario(tmp)
                 except BaseException as exc:  # re-raised by the test that owns the scenario
                     self._errors[name] = exc
+                finally:
+                    self._end_times[name] = time.monotonic()
 
         thread = threading.Thread(target=body, name=f"scenario-{name}", daemon=True)
         self._threads[name] = thread
@@ -93,6 +113,10 @@ class Scenarios:
         if name in self._errors:
             raise self._errors[name]
         return self._values.get(name)
+
+    def timeline(self) -> list[tuple[str, float, float]]:
+        """(name, start, end) of every scenario that ended, on the monotonic clock, by start."""
+        return sorted(((n, self._start_times[n], e) for n, e in self._end_times.items()), key=lambda r: r[1])
 
     def join_all(self, timeout: float) -> None:
         """Start nothing more and wait, `timeout` s in all, for what is running."""
@@ -131,9 +155,23 @@ def _waited_for(module: ModuleType, test: str) -> set[str]:
     return {name for name in scenarios if name == test or test in needed_by.get(name, ())}
 
 
-def move_background_modules_last(items: list[pytest.Item]) -> None:
-    """Reorder `items` in place: modules that change the environment first, modules with early
-    scenarios after all the others, each kept whole and in order."""
+def _out_of_process(module: ModuleType) -> bool:
+    return INNER not in os.environ and getattr(module, "OUT_OF_PROCESS", False) is True
+
+
+def _run_name(module: ModuleType) -> str:
+    return f"out of process: {module.__name__.rsplit('.', 1)[-1]}"
+
+
+# Out-of-process runs of this session: run name -> the node ids of the tests it runs.
+_RUNS: dict[str, list[str]] = {}
+_ROOTDIR: list[Path] = []  # the session's rootdir: node ids are relative to it
+
+
+def arrange(items: list[pytest.Item]) -> None:
+    """Reorder `items` in place, after deselection: modules that change the environment first,
+    then the others, then modules with early scenarios, each kept whole and in order; the
+    tests of out-of-process modules, as stand-ins, last."""
     early = [item for item in items if _early_scenarios(item.module) is not None]  # type: ignore[attr-defined]
     for item in early:
         # A test waiting for its scenario may wait for those queued before it too; its
@@ -141,8 +179,81 @@ def move_background_modules_last(items: list[pytest.Item]) -> None:
         if _waited_for(item.module, item.originalname):  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.timeout(900))
     first = [item for item in items if _changes_environment(item.module)]  # type: ignore[attr-defined]
-    rest = [item for item in items if _early_scenarios(item.module) is None and not _changes_environment(item.module)]  # type: ignore[attr-defined]
-    items[:] = first + rest + early
+    apart = [item for item in items if _out_of_process(item.module) and item not in early and item not in first]  # type: ignore[attr-defined]
+    rest = [item for item in items if item not in early and item not in first and item not in apart]
+    if not (rest or early):  # nothing to overlap them with
+        rest, apart = rest + apart, []
+    stand_ins = []
+    if apart:
+        _ROOTDIR[:] = [apart[0].config.rootpath]
+    for item in apart:
+        run = _run_name(item.module)  # type: ignore[attr-defined]
+        _RUNS.setdefault(run, []).append(item.nodeid)
+        stand_ins.append(_stand_in(item, run))
+    items[:] = first + rest + early + stand_ins
+
+
+def _stand_in(item: pytest.Item, run: str) -> pytest.Function:
+    nodeid = item.nodeid
+
+    def stand_in(early_background: Scenarios) -> None:
+        outcome(early_background.result(run, OUT_OF_PROCESS_TIMEOUT), nodeid, run)
+
+    def method(self: object, early_background: Scenarios) -> None:
+        stand_in(early_background)
+
+    parent = item.parent
+    assert parent is not None
+    # In a class, pytest calls the test as a method of a new instance.
+    callobj = types.MethodType(method, parent.newinstance()) if isinstance(parent, pytest.Class) else stand_in
+    # name carries the parameters ("test_x[delta-rs]"): the stand-in's node id is the test's.
+    function = pytest.Function.from_parent(parent, name=item.name, callobj=callobj)
+    assert function.nodeid == nodeid, (function.nodeid, nodeid)
+    function.add_marker(pytest.mark.timeout(OUT_OF_PROCESS_TIMEOUT + 60))
+    return function
+
+
+def run_out_of_process(nodeids: list[str], tmp: Path) -> dict[str, Any]:
+    """Run `nodeids` in a pytest process of their own; their reports by node id, and its log."""
+    reports, log = tmp / "reports.jsonl", tmp / "pytest.log"
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.out_of_process",
+        f"--basetemp={tmp / 'tmp'}",  # not the numbered default: pytest would prune this session's
+        "-o", "addopts=",  # the ids are this session's selection already (-m included)
+        *nodeids,
+    ]
+    environment = env() | {INNER: "1", REPORTS: str(reports)}
+    # tests.out_of_process from this repository, whichever rootdir the session has
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
+    with log.open("wb") as out:
+        subprocess.run(command, cwd=(_ROOTDIR or [ROOT])[0], env=environment, stdout=out, stderr=subprocess.STDOUT,
+                       timeout=OUT_OF_PROCESS_TIMEOUT - 20, check=False)
+    found: dict[str, list[dict[str, Any]]] = {}
+    if reports.exists():
+        for line in reports.read_text().splitlines():
+            record = json.loads(line)
+            found.setdefault(record["nodeid"], []).append(record)
+    return {"reports": found, "log": log}
+
+
+def outcome(result: dict[str, Any], nodeid: str, run: str) -> None:
+    """Give this test the outcome its out-of-process run reported for it."""
+    records: list[dict[str, Any]] = result["reports"].get(nodeid, [])
+    log: Path = result["log"]
+    for record in records:
+        if record["outcome"] == "failed":
+            sections = "".join(f"\n--- {title} ---\n{text}" for title, text in record.get("sections", []))
+            pytest.fail(f"{record['when']} failed in the {run} run (its log: {log}):\n"
+                        f"{record['longrepr']}{sections}", pytrace=False)
+    for record in records:
+        if record["outcome"] == "skipped":
+            if "wasxfail" in record:
+                pytest.xfail(record["wasxfail"])
+            pytest.skip(record["reason"])
+    if not any(r["when"] == "call" and r["outcome"] == "passed" for r in records):
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        pytest.fail(f"{nodeid} did not complete in the {run} run; the end of its log ({log}):\n{tail}",
+                    pytrace=False)
 
 
 def waits_for_environment(item: pytest.Item) -> bool:
@@ -157,6 +268,10 @@ def start_early(items: list[pytest.Item], tmp_path_factory: pytest.TempPathFacto
     modules: dict[ModuleType, set[str]] = {}
     for item in items:
         modules.setdefault(item.module, set()).add(item.originalname)  # type: ignore[attr-defined]
+    # Out-of-process runs first: the longest work in the queue, their stand-ins run last.
+    for run, nodeids in _RUNS.items():
+        if run not in EARLY:
+            EARLY.start(run, lambda tmp, ids=nodeids: run_out_of_process(ids, tmp), tmp_path_factory.mktemp("out-of-process"))
     for module, selected in modules.items():
         scenarios = _early_scenarios(module) or {}
         needed = set().union(*(_waited_for(module, test) for test in selected))

@@ -160,8 +160,23 @@ def spark():
     session.stop()
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected: only selected tests are arranged
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    background.move_background_modules_last(items)
+    background.arrange(items)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """When the background ran: its busy time and when its last scenario ended, which says
+    whether the session waited for it (tests/background.py)."""
+    timeline = background.EARLY.timeline()
+    if timeline:
+        start = min(t0 for _, t0, _ in timeline)
+        busy = sum(t1 - t0 for _, t0, t1 in timeline)
+        longest = sorted(timeline, key=lambda r: r[1] - r[2])[:3]
+        terminalreporter.write_line(
+            f"background: {len(timeline)} scenarios, {busy:.0f} s busy, the last ended "
+            f"{max(t1 for _, _, t1 in timeline) - start:.0f} s after the first began; longest: "
+            + ", ".join(f"{name} {t1 - t0:.0f} s" for name, t0, t1 in longest))
 
 
 @pytest.fixture(scope="session")

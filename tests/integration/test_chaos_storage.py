@@ -8,6 +8,10 @@ import pytest
 
 from bench.chaos_storage import disk
 
+# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
+# about 18 s: clients in process on a filesystem that fills up.
+OUT_OF_PROCESS = True
+
 
 def test_a_full_disk_gives_clear_errors_corrupts_nothing_and_recovers(tmp_path):
     try:

@@ -31,6 +31,10 @@ from deltabus.types import DeadLetterPolicy
 from tests.endpoints import Behaviour, Endpoint
 from tests.integration import _dead_letter_worker as worker
 
+# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
+# about 20 s: a push job in its SparkSession, killed.
+OUT_OF_PROCESS = True
+
 WORKER = Path(worker.__file__)
 # What a process killed at each point leaves: (marked rows on the subscription, copies on
 # the dead-letter topic, rows left on the subscription).

@@ -23,6 +23,10 @@ from deltabus.storage.clock import StorageClock
 from deltabus.storage.tables import ALL, DELIVERIES, TS
 from tests.conftest import requires_delta
 
+# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
+# about 110 s under load, nearly all of it delta-spark MERGEs in its SparkSession.
+OUT_OF_PROCESS = True
+
 
 @pytest.fixture(scope="session")
 def delta_spark_tables(spark, tmp_path_factory) -> Path:

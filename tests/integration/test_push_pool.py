@@ -22,6 +22,10 @@ from deltabus.push.wire import AUTH_HEADER, PENDING_HEADER, WORKER_HEADER
 from deltabus.push.worker import Worker, pool_partition
 from tests.endpoints import Behaviour, Endpoint
 
+# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
+# about 30 s, most of it in process (worker threads, the pool's Spark job).
+OUT_OF_PROCESS = True
+
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, 250000, tzinfo=dt.timezone.utc)
 
 

@@ -31,6 +31,10 @@ from deltabus.server import streaming
 from deltabus.server.app import ServerThread
 from tests.server_fixtures import PROJECT, gpub, gsub, serve_thread  # noqa: F401
 
+# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
+# about 35 s: a server and the google client in process, with PUBSUB_EMULATOR_HOST set.
+OUT_OF_PROCESS = True
+
 T = f"projects/{PROJECT}/topics/stream-topic"
 S = f"projects/{PROJECT}/subscriptions/stream-sub"
 

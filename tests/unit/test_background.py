@@ -1,0 +1,86 @@
+"""The suite's out-of-process runs (tests/background.py) report each test's own outcome: a test
+that fails there fails here, with its text; one skipped there is skipped here."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import background
+
+pytest_plugins = ["pytester"]
+
+PROBE = '''
+import os
+import pytest
+
+OUT_OF_PROCESS = True
+
+
+def test_runs_in_a_process_of_its_own():
+    assert os.environ.get("DELTABUS_TEST_INNER") == "1"
+
+
+def test_fails_with_its_own_text():
+    print("seen in the failure")
+    assert 1 == 2, "one is not two"
+
+
+@pytest.mark.parametrize("word", ["a", "b c"])
+def test_parametrized(word):
+    assert word == "a"
+
+
+def test_skips():
+    pytest.skip("the reason given")
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("the fixture broke")
+
+
+def test_setup_error(broken):
+    pass
+
+
+class TestInAClass:
+    def test_method(self, tmp_path):
+        assert tmp_path.is_dir()
+'''
+
+IN_PLACE = '''
+def test_here():
+    import os
+    assert "DELTABUS_TEST_INNER" not in os.environ
+'''
+
+
+def test_each_test_of_an_out_of_process_run_gets_its_own_outcome(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(background.INNER, raising=False)  # this test may itself run in such a run
+    monkeypatch.setenv("PYTHONPATH", str(background.ROOT))
+    pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems, early_background, "
+                          "_start_early_background, pytest_terminal_summary\n")
+    pytester.makepyfile(test_probe=PROBE, test_in_place=IN_PLACE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "-o", "addopts=")
+    result.assert_outcomes(passed=4, failed=3, skipped=1)
+    text = result.stdout.str()
+    for line in ("PASSED test_probe.py::test_runs_in_a_process_of_its_own",
+                 "PASSED test_probe.py::test_parametrized[a]",
+                 "FAILED test_probe.py::test_parametrized[b c]",
+                 "PASSED test_probe.py::TestInAClass::test_method",
+                 "FAILED test_probe.py::test_setup_error",
+                 "PASSED test_in_place.py::test_here"):
+        assert line in text, line
+    assert "AssertionError: one is not two" in text and "seen in the failure" in text
+    assert "RuntimeError: the fixture broke" in text and "the reason given" in text
+    assert "out of process: test_probe" in text  # the background summary names the run
+
+
+def test_a_session_of_only_out_of_process_tests_runs_them_in_place(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(background.INNER, raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(background.ROOT))
+    pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems, early_background, "
+                          "_start_early_background\n")
+    pytester.makepyfile(test_probe="OUT_OF_PROCESS = True\n\ndef test_here():\n"
+                        "    import os\n    assert 'DELTABUS_TEST_INNER' not in os.environ\n")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=").assert_outcomes(passed=1)
