@@ -423,6 +423,50 @@ def test_a_new_checkpoint_on_the_same_consumer_gets_the_old_checkpoints_uncommit
     new.stop()
 
 
+def test_a_resumed_checkpoint_never_acks_another_checkpoints_uncommitted_batch(pub, sub, topic, warehouse):
+    """Checkpoint X runs batches 1-2 and stops; checkpoint Y runs 3-4 on the same consumer and
+    stops with 4 planned, not committed; X resumes. X's plans and commits must not ack Y's
+    batch 4 (numbered below X's): its messages are handed back and reach X's next batch."""
+    import pyarrow.parquet as pq
+
+    from deltabus.spark.streaming import _Runtime
+
+    s = sub.subscription_path("local", "two-checkpoints")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=60)
+    opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "pullWaitSeconds": "0"})
+
+    def ids(parts):
+        return sorted(r["message_id"] for p in parts for r in pq.read_table(p.path).to_pylist())
+
+    x = _Runtime(opts)
+    pub.publish_batch(topic, [{"data": b"1"}] * 3)
+    one = x.latest()
+    x.partitions(x.offset(0), one)
+    pub.publish_batch(topic, [{"data": b"2"}] * 3)
+    two = x.latest()
+    x.partitions(one, two)  # Spark committed 1 (X's sink holds 1 and 2, say)
+    x.stop()
+    y = _Runtime(opts)  # another checkpoint on the same consumer
+    pub.publish_batch(topic, [{"data": b"3"}] * 3)
+    three = y.latest()
+    y.partitions(y.offset(0), three)  # a new lineage: X's 2 is handed back
+    pub.publish_batch(topic, [{"data": b"4"}] * 3)
+    four = y.latest()
+    in_four = ids(y.partitions(three, four))
+    y.stop()  # 4 planned by Y, never committed
+    x = _Runtime(opts)
+    assert x.partitions(two, two) == []  # X's restart probe
+    pub.publish_batch(topic, [{"data": b"5"}] * 3)
+    five = x.latest()
+    x.partitions(two, five)
+    x.commit(five)
+    six = x.latest()  # Y's batch 4 was handed back, not acked: its messages come to X
+    assert ids(x.partitions(five, six)) == in_four and len(in_four) >= 3
+    x.commit(six)
+    x.stop()
+    assert sub.get_backlog(s).num_unacked_messages == 0
+
+
 def test_the_idempotent_sink_skips_a_replay_and_refuses_an_app_id_another_checkpoint_used(spark, tmp_path):
     from deltabus.errors import FailedPrecondition
 

@@ -8,12 +8,14 @@ from deltabus.policy.stream_ledger import (
     PENDING,
     PLANNED,
     Ledger,
+    LineageConflict,
     abandoned,
     absorb,
     acked,
     committed_by,
     drop,
     expire_unsettled,
+    failed_after,
     new_batch,
     parts_of,
     plan,
@@ -41,13 +43,20 @@ def test_only_one_pending_batch_at_a_time():
         Ledger(next=3, batches={1: PENDING, 2: PENDING})
 
 
-def test_restart_probe_keeps_the_newest_logged_batch_and_acks_those_before():
-    ledger = Ledger(next=5, batches={2: PLANNED, 3: PLANNED, 4: PENDING})
-    after, to_ack = probe(ledger, 3)  # batch 3 may be replayed; 2 was committed; 4 is an orphan
-    assert to_ack == [2] and after.batches == {2: PLANNED, 3: PLANNED, 4: PENDING} and after.pending == 4
-    # A batch logged by Spark but not planned before the crash becomes planned at the probe.
-    after, to_ack = probe(Ledger(next=5, batches={3: PLANNED, 4: PENDING}), 4)
-    assert to_ack == [3] and after.batches == {3: PLANNED, 4: PLANNED} and after.pending is None
+def test_restart_probe_keeps_the_newest_logged_batch_and_acks_the_chain_behind_it():
+    ledger = Ledger(next=5, batches={2: PLANNED, 3: PLANNED, 4: PENDING}, links={2: 1, 3: 2})
+    after, to_ack = probe(ledger, 3)  # batch 3 may be replayed; 2 (its link) was committed; 4 is an orphan
+    assert to_ack == [2] and after == ledger and after.pending == 4
+    # Spark's replay after the probe: the same (start, end) again, recognised by the link.
+    after, to_ack = plan(acked(ledger, 2, [], 100.0), 2, 3)
+    assert to_ack == [] and after.links == {3: 2} and after.batches == {3: PLANNED, 4: PENDING}
+    # A batch logged by Spark but not planned before the crash becomes planned at the probe;
+    # its link (and so what it commits) comes with the replay.
+    ledger = Ledger(next=5, batches={3: PLANNED, 4: PENDING}, links={3: 2})
+    after, to_ack = probe(ledger, 4)
+    assert to_ack == [] and after.batches == {3: PLANNED, 4: PLANNED} and after.pending is None and 4 not in after.links
+    after, to_ack = plan(after, 3, 4)
+    assert to_ack == [3] and after.links == {3: 2, 4: 3}
 
 
 def test_an_orphan_is_planned_as_the_next_batch_and_a_missing_one_is_an_error():
@@ -58,10 +67,65 @@ def test_an_orphan_is_planned_as_the_next_batch_and_a_missing_one_is_an_error():
         plan(ledger, 3, 2)  # acked and gone: the checkpoint is not this ledger's
 
 
-def test_replay_plans_the_same_batch_again():
-    ledger = Ledger(next=4, batches={3: PLANNED})
+def test_replay_plans_the_same_batch_again_and_another_start_is_refused():
+    ledger = Ledger(next=4, batches={3: PLANNED}, links={3: 2})
     after, to_ack = plan(ledger, 2, 3)
-    assert to_ack == [] and after.batches == {3: PLANNED}
+    assert to_ack == [] and after == ledger
+    with pytest.raises(LineageConflict, match="batch 3 was planned from offset 2 and is now planned from 0"):
+        plan(ledger, 0, 3)  # a second checkpoint planning this one's batch
+    with pytest.raises(ValueError, match="earlier offset"):
+        plan(Ledger(next=5, batches={3: PENDING}), 4, 3)
+
+
+def test_a_commit_acks_only_the_chain_of_its_own_checkpoint():
+    """Checkpoint X planned 1 and 2, then stopped; checkpoint Y ran (3, 4) on the same
+    consumer and stopped with 4 planned, not committed; X resumes and goes on with 5, 6.
+    Neither X's plans nor its commits ack Y's batch 4, though it is numbered below them."""
+    ledger, n = new_batch(Ledger())
+    ledger, to_ack = plan(ledger, 0, n)  # X: (0, 1]
+    ledger, n = new_batch(ledger)
+    ledger, to_ack = plan(ledger, 1, n)  # X: (1, 2]; 1 committed
+    assert to_ack == [1]
+    ledger = acked(ledger, 1, [], 10.0)
+    # Y starts from the initial offset: X's 2 is another lineage's (abandoned: nacked, dropped).
+    ledger, n = new_batch(ledger)
+    assert abandoned(ledger, 0, n) == [2]
+    ledger, to_ack = plan(drop(ledger, [2]), 0, n)
+    ledger, n = new_batch(ledger)
+    ledger, to_ack = plan(ledger, 3, n)  # Y: (3, 4]; 3 committed
+    assert to_ack == [3]
+    ledger = acked(ledger, 3, [], 10.0)
+    assert ledger.batches == {4: PLANNED} and ledger.links == {4: 3}
+    # X resumes: the probe of its last offset (2, gone) acks nothing; it plans (2, 5].
+    assert probe(ledger, 2) == (ledger, [])
+    ledger, n = new_batch(ledger)
+    assert committed_by(ledger, 2) == []
+    ledger, to_ack = plan(ledger, 2, n)
+    assert to_ack == [] and ledger.links == {4: 3, 5: 2}
+    assert committed_by(ledger, 5) == [5]  # commit(5): not 4, which only Y could commit
+    assert committed_by(ledger, 4) == [4]  # Y's own commit would
+    # Planning past 5 releases Y's batch (nack, never ack): planned below, on no chain of X's.
+    ledger, n = new_batch(ledger)
+    assert abandoned(ledger, 5, n) == [4]
+    ledger, to_ack = plan(drop(ledger, [4]), 5, n)
+    assert to_ack == [5] and ledger.links == {5: 2, 6: 5}
+
+
+def test_the_chain_goes_back_through_unacked_links_oldest_first_and_stops_at_a_gap():
+    ledger = Ledger(next=9, batches={2: PLANNED, 3: PLANNED, 5: PLANNED, 7: PLANNED, 8: PENDING},
+                    links={2: 1, 3: 2, 5: 3, 7: 6})
+    assert committed_by(ledger, 5) == [2, 3, 5]  # an ack lost in a crash is redone with the next
+    assert committed_by(ledger, 7) == [7]  # 6 is gone (acked): the chain ends there
+    assert committed_by(ledger, 8) == [] and committed_by(ledger, 0) == [] and committed_by(ledger, 4) == []
+    assert abandoned(ledger, 5, 8) == [7] and abandoned(ledger, 7, 8) == [2, 3, 5]
+    # A planned batch with no link (a ledger from before links existed) is its own chain.
+    assert committed_by(Ledger(next=4, batches={2: PLANNED, 3: PLANNED}), 3) == [3]
+
+
+def test_a_failed_run_nacks_its_own_batches_after_its_last_completed_one():
+    ledger = Ledger(next=8, batches={4: PLANNED, 5: PLANNED, 7: PENDING}, links={4: 3, 5: 2})
+    assert failed_after(ledger, 2) == [5, 7]  # 4 is another checkpoint's (planned from 3)
+    assert failed_after(ledger, 5) == [7]
 
 
 def test_failed_acks_become_unsettled_until_they_expire():
@@ -90,8 +154,14 @@ def test_keys_stay_in_one_part_in_order_and_keyless_rows_spread():
 
 
 def test_the_ledger_round_trips_through_json_and_refuses_nonsense():
-    ledger = Ledger(next=7, batches={5: PLANNED, 6: PENDING}, unsettled={("m", 2): 10.5})
+    ledger = Ledger(next=7, batches={5: PLANNED, 6: PENDING}, unsettled={("m", 2): 10.5}, links={5: 0})
     assert Ledger.from_json(ledger.to_json()) == ledger
+    legacy = {"next": 7, "batches": {"5": PLANNED}, "unsettled": []}  # written before links existed
+    assert Ledger.from_json(legacy) == Ledger(next=7, batches={5: PLANNED})
+    with pytest.raises(ValueError, match="not a planned batch"):
+        Ledger(next=7, batches={5: PLANNED, 6: PENDING}, links={6: 5})
+    with pytest.raises(ValueError, match="offset 0..4"):
+        Ledger(next=7, batches={5: PLANNED}, links={5: 5})
     with pytest.raises(ValueError, match="outside"):
         Ledger(next=2, batches={3: PLANNED})
     with pytest.raises(ValueError, match="state"):
@@ -101,8 +171,8 @@ def test_the_ledger_round_trips_through_json_and_refuses_nonsense():
 
 
 def test_a_plan_from_the_initial_offset_abandons_an_older_checkpoints_batches():
-    ledger = Ledger(next=6, batches={3: PLANNED, 4: PLANNED, 5: PENDING})
+    ledger = Ledger(next=6, batches={3: PLANNED, 4: PLANNED, 5: PENDING}, links={3: 2, 4: 3})
     assert abandoned(ledger, 0, 5) == [3, 4]  # a new checkpoint: nothing of it was committed before
     assert abandoned(ledger, 4, 5) == []  # the same lineage: 3 and 4 are committed (acked instead)
     after, to_ack = plan(drop(ledger, [3, 4]), 0, 5)
-    assert after.batches == {5: PLANNED} and to_ack == []
+    assert after.batches == {5: PLANNED} and to_ack == [] and after.links == {5: 0}

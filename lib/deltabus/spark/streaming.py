@@ -566,7 +566,15 @@ class _Runtime:
                 self._ack(to_ack)
                 return []
             gone = policy.abandoned(self.ledger, s, e)
-            ledger, to_ack = policy.plan(self.ledger, s, e)
+            try:
+                ledger, to_ack = policy.plan(self.ledger, s, e)
+            except policy.LineageConflict as err:
+                from ..errors import FailedPrecondition
+
+                raise FailedPrecondition(
+                    f"consumer {self.opts.consumer!r} of {self.opts.subscription}: {err} (one checkpoint per consumer "
+                    "option: a query planning another query's batch could ack what that query has not committed)"
+                ) from None
             self._save(policy.drop(ledger, gone))  # recorded before Spark reads it
             self.known = e
             files = manifest_files(self.dir, e)
@@ -596,6 +604,7 @@ class _Runtime:
     def commit(self, end: Mapping[str, Any]) -> None:
         self.check_owner()
         with self.lock:
+            # Only the chain ending at `end`: batches another checkpoint planned are not this query's to ack.
             self._ack(policy.committed_by(self.ledger, self.batch_number(end)))
 
     def _ack(self, batches: Sequence[int]) -> None:
@@ -866,7 +875,7 @@ def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, ended_a
     with open(state) as f:
         ledger = policy.Ledger.from_json(json.load(f))
     refs = []
-    for n in sorted(b for b in ledger.batches if b > after):
+    for n in policy.failed_after(ledger, after):  # this run's batches only, not another checkpoint's
         for path in manifest_files(directory, n):
             for a in pq.read_table(path, columns=["ack_id"])["ack_id"].to_pylist():
                 d = ackid.decode(a)
