@@ -401,6 +401,51 @@ def test_one_running_query_per_consumer_and_a_run_taken_over_stops(pub, sub, top
     b.stop()
 
 
+def test_racing_acquirers_of_the_owner_lock_get_it_one_at_a_time(tmp_path):
+    """Eight threads race for a free lock, then for a stale one (its process dead), then for a
+    live one: exactly one wins each free round, none the live one, and the winner's doc is the
+    file's."""
+    import json
+    import socket
+    import threading
+
+    from deltabus.spark.streaming import acquire_owner
+
+    path = str(tmp_path / "owner.json")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    def race(rounds_tag):
+        barrier = threading.Barrier(8)
+        won: list[str] = []
+
+        def go(i):
+            run = f"{rounds_tag}-{i}"
+            doc = {"run": run, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time(), "since": time.time()}
+            barrier.wait()
+            if acquire_owner(path, doc, 3.0) is None:
+                won.append(run)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return won
+
+    for r in range(10):
+        if os.path.exists(path):
+            os.remove(path)
+        won = race(f"free{r}")
+        assert len(won) == 1 and json.loads(Path(path).read_text())["run"] == won[0]
+        stale = {"run": f"dead{r}", "host": socket.gethostname(), "pid": dead.pid, "heartbeat": time.time(), "since": 0}
+        Path(path).write_text(json.dumps(stale))
+        won = race(f"stale{r}")
+        assert len(won) == 1 and json.loads(Path(path).read_text())["run"] == won[0], won
+        assert race(f"live{r}") == [] and json.loads(Path(path).read_text())["run"] == won[0]
+    assert sorted(os.listdir(tmp_path)) == ["owner.json", "owner.json.lock"]  # no temporary file left
+
+
 def test_a_new_checkpoint_on_the_same_consumer_gets_the_old_checkpoints_uncommitted_messages(pub, sub, topic, warehouse):
     import pyarrow.parquet as pq
 

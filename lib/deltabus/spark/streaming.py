@@ -322,37 +322,43 @@ class _Runtime:
         self.dir = os.path.join(opts.ledger_root, rec.sub_uid, opts.consumer)
         os.makedirs(self.dir, exist_ok=True)
         self.run = uuid.uuid4().hex
+        self.since = time.time()  # when this run took the ledger (owner.json "since": nack_failed reads it)
         self.lost: str | None = None  # set when another run took the ledger over: every call fails
-        self._take_ownership()
-        self.lock = threading.RLock()
-        self.ledger = self._load()
-        self.known: int | None = None  # the newest offset Spark holds, as this process learnt it
-        # Live batches' deliveries: key -> (batch, newest ack id); batch -> its keys in order.
-        self.ack_ids: dict[policy.Key, str] = {}
-        self.batch_of: dict[policy.Key, int] = {}
-        self.keys_of: dict[int, list[policy.Key]] = {}
-        self.leased_at: dict[int, float] = {}
-        for n in self.ledger.batches:
-            self._load_keys(n)
         self._stop = threading.Event()
+        self._take_ownership()
+        # The heartbeat has its own thread: a slow lease extension must not let owner.json go stale.
+        self._beater = threading.Thread(target=self._beat, name=f"deltabus-stream-owner-{opts.consumer}", daemon=True)
+        self._beater.start()
+        try:
+            self.lock = threading.RLock()
+            self.ledger = self._load()
+            self.known: int | None = None  # the newest offset Spark holds, as this process learnt it
+            # Live batches' deliveries: key -> (batch, newest ack id); batch -> its keys in order.
+            self.ack_ids: dict[policy.Key, str] = {}
+            self.batch_of: dict[policy.Key, int] = {}
+            self.keys_of: dict[int, list[policy.Key]] = {}
+            self.leased_at: dict[int, float] = {}
+            for n in self.ledger.batches:
+                self._load_keys(n)
+        except BaseException:
+            self._stop.set()
+            self._beater.join(10)
+            self._release()
+            raise
         self._thread = threading.Thread(target=self._leaser, name=f"deltabus-stream-leaser-{opts.consumer}", daemon=True)
         self._thread.start()
         self._watch: Any = None
 
-    # the owner lock (advisory: one running query per subscription and consumer)
+    # the owner lock (one running query per subscription and consumer; see acquire_owner)
     def _owner_path(self) -> str:
         return os.path.join(self.dir, "owner.json")
 
     def _owner(self) -> dict[str, Any] | None:
-        try:
-            with open(self._owner_path()) as f:
-                doc = json.load(f)
-            return doc if isinstance(doc, dict) else None
-        except (OSError, ValueError):
-            return None
+        return _read_owner(self._owner_path())
 
-    def _heartbeat(self) -> None:
-        _write_json(self._owner_path(), {"run": self.run, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()})
+    def _owner_doc(self) -> dict[str, Any]:
+        return {"run": self.run, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time(),
+                "since": self.since}
 
     def _take_ownership(self) -> None:
         """Wait for the ledger's owner to go: its heartbeat older than ownerTimeout, or its
@@ -361,23 +367,55 @@ class _Runtime:
 
         give_up = time.time() + self.opts.owner_timeout + 5
         while True:
-            owner = self._owner()
-            if owner is None or owner.get("run") == self.run or _owner_gone(owner, self.opts.owner_timeout):
-                self._heartbeat()
+            holder = acquire_owner(self._owner_path(), self._owner_doc(), self.opts.owner_timeout)
+            if holder is None:
                 return
             if time.time() >= give_up:
                 raise FailedPrecondition(
                     f"consumer {self.opts.consumer!r} of {self.opts.subscription} is in use by another running query "
-                    f"(pid {owner.get('pid')} on {owner.get('host')}): one query per subscription and consumer; "
+                    f"(pid {holder.get('pid')} on {holder.get('host')}): one query per subscription and consumer; "
                     "stop it or choose another consumer option"
                 )
             time.sleep(0.5)
 
+    def _still_owner(self) -> bool:
+        """Re-read owner.json: False (and `lost` set) when this run no longer holds it."""
+        if self.lost is not None:
+            return False
+        owner = self._owner()
+        if owner is not None and owner.get("run") == self.run:
+            return True
+        self.lost = (f"consumer {self.opts.consumer!r} of {self.opts.subscription} was taken over by another run "
+                     f"(pid {(owner or {}).get('pid')} on {(owner or {}).get('host')}; owner.json "
+                     f"{'replaced' if owner else 'removed'}): this query stops using it")
+        log.error("stream %s", self.lost)
+        return False
+
+    def _beat(self) -> None:
+        """Renew owner.json every HEARTBEAT_SECONDS while it is still this run's."""
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            if not self._still_owner():
+                return
+            try:
+                _write_json(self._owner_path(), self._owner_doc())
+            except OSError:
+                log.exception("stream %s: could not renew owner.json", self.opts.subscription)
+
     def check_owner(self) -> None:
+        """Before state is saved or a manifest written: this run still holds the ledger."""
         from ..errors import FailedPrecondition
 
-        if self.lost is not None:
+        if not self._still_owner():
+            assert self.lost is not None
             raise FailedPrecondition(self.lost)
+
+    def _release(self) -> None:
+        owner = self._owner()
+        if owner is not None and owner.get("run") == self.run:
+            try:
+                os.remove(self._owner_path())
+            except OSError:
+                pass
 
     # records and state
     def record(self) -> Any:
@@ -402,6 +440,7 @@ class _Runtime:
             return policy.Ledger.from_json(json.load(f))
 
     def _save(self, ledger: policy.Ledger) -> None:
+        self.check_owner()  # another run may have taken the ledger since this call began
         _write_json(os.path.join(self.dir, "state.json"), ledger.to_json())
         self.ledger = ledger
 
@@ -450,6 +489,7 @@ class _Runtime:
                 if rows is None or (rows.num_rows == 0 and not self._flush_due()):
                     return self.offset(self._current())
             ledger, n = policy.new_batch(self.ledger)
+            self.check_owner()
             write_manifest(self.dir, n, rows, self.opts.rows_per_partition)
             self._save(ledger)
             keys = list(zip(rows["message_id"].to_pylist(), rows["message_version"].to_pylist()))
@@ -641,17 +681,9 @@ class _Runtime:
         from .. import ackid
 
         due = 0.0  # at once: re-take the leases of an earlier run's batches
-        while not self._stop.wait(HEARTBEAT_SECONDS if due > time.monotonic() else 0.0):
-            owner = self._owner()
-            if owner is not None and owner.get("run") != self.run:
-                self.lost = (f"consumer {self.opts.consumer!r} of {self.opts.subscription} was taken over by another run "
-                             f"(pid {owner.get('pid')} on {owner.get('host')}): this query stops using it")
-                log.error("stream %s", self.lost)
+        while not self._stop.wait(min(HEARTBEAT_SECONDS, max(0.0, due - time.monotonic()))):
+            if self.lost is not None:
                 return
-            try:
-                self._heartbeat()
-            except OSError:
-                log.exception("stream %s: could not renew owner.json", self.opts.subscription)
             if due > time.monotonic():
                 continue
             try:
@@ -673,15 +705,97 @@ class _Runtime:
                 due = time.monotonic() + 1.0
 
     def stop(self) -> None:
+        """Stop the threads; release owner.json only when they ended: a thread still running
+        after 10 s (a lease extension stuck on storage, say) leaves it to expire after
+        ownerTimeout, as a killed run's does, so the next run cannot overlap it."""
         self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(10)
-        owner = self._owner()
-        if owner is not None and owner.get("run") == self.run:
+        running = []
+        for t in (self._thread, self._beater):
+            if t is not threading.current_thread():
+                t.join(10)
+                if t.is_alive():
+                    running.append(t.name)
+        if running:
+            log.warning("stream %s: %s still running 10 s after stop; owner.json is left to expire (ownerTimeout %gs)",
+                        self.opts.subscription, ", ".join(running), self.opts.owner_timeout)
+            return
+        self._release()
+
+
+def _read_owner(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str, Any] | None:
+    """One attempt to make `doc` (with its "run") the owner at `path`; None when it is, else
+    the holder's doc ({} when unreadable). Atomic among racers: the doc is written to a
+    temporary file, fsynced, and hard-linked to `path`, which fails when `path` exists (so
+    of racers for a free lock exactly one links); the winner re-reads `path` to confirm. A
+    stale holder (heartbeat older than `timeout`, or its process gone on this host) is
+    removed under an exclusive ``flock`` of ``<path>.lock`` and only after re-reading that it
+    is still the stale one, so a racer never removes the file of a run that has just won."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        for _ in range(10):
             try:
-                os.remove(self._owner_path())
-            except OSError:
-                pass
+                os.link(tmp, path)
+            except FileExistsError:
+                holder = _read_owner(path)
+                if holder is not None and holder.get("run") == doc["run"]:
+                    return None
+                if not _owner_stale(path, holder, timeout):
+                    return holder if holder is not None else {}
+                _remove_stale(path, holder, timeout)
+                continue
+            _fsync_dir(os.path.dirname(path))
+            holder = _read_owner(path)
+            if holder is not None and holder.get("run") == doc["run"]:
+                return None
+            return holder if holder is not None else {}
+        return _read_owner(path) or {}
+    finally:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+
+def _owner_stale(path: str, holder: Mapping[str, Any] | None, timeout: float) -> bool:
+    if holder is not None:
+        return _owner_gone(holder, timeout)
+    try:  # unreadable (not written by acquire_owner): stale once unchanged for `timeout`
+        return time.time() - os.path.getmtime(path) > timeout
+    except OSError:
+        return True  # gone meanwhile: try again
+
+
+def _remove_stale(path: str, stale: Mapping[str, Any] | None, timeout: float) -> None:
+    import fcntl
+
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel when the process dies: never stale itself
+        except OSError:
+            log.warning("owner lock %s: the file system refuses flock; a stale owner is removed without it", path)
+        now = _read_owner(path)
+        if now != stale or not _owner_stale(path, now, timeout):
+            return  # renewed, or already replaced by a racer's fresh owner: not ours to remove
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+    finally:
+        os.close(fd)
 
 
 def _owner_gone(owner: Mapping[str, Any], timeout: float) -> bool:
