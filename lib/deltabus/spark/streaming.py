@@ -984,8 +984,8 @@ def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, ended_a
 
     directory = os.path.join(warehouse, "_streams", sub_uid, consumer)
     state = os.path.join(directory, "state.json")
-    if not os.path.exists(state) or os.path.getmtime(state) > ended_at:
-        return 0
+    if not os.path.exists(state) or _owned_since(os.path.join(directory, "owner.json")) > ended_at:
+        return 0  # a new run took the ledger after the query ended: its batches are that run's now
     with open(state) as f:
         ledger = policy.Ledger.from_json(json.load(f))
     refs = []
@@ -1004,6 +1004,22 @@ def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, ended_a
     from ..delivery.model import Result
 
     return sum(1 for r in results if r.result is Result.SUCCESS)
+
+
+def _owned_since(path: str) -> float:
+    """When the ledger's current owner took it (owner.json "since"; the file's mtime for an
+    owner file without it); 0 when nobody holds it. Not state.json's mtime: the failed
+    run itself writes state, and a new run's ownership is what makes its batches its own."""
+    owner = _read_owner(path)
+    if owner is None:
+        return 0.0
+    since = owner.get("since")
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        return float(since)
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
 
 
 # -- a sink that writes each Spark batch once ----------------------------------------------------------
