@@ -823,17 +823,31 @@ def _version_reader(engine: Any, table: str) -> Callable[[], int]:
 
 
 _RUNTIMES: dict[tuple[str, str, str], _Runtime] = {}
-_RUNTIMES_LOCK = threading.Lock()
+_RUNTIMES_LOCK = threading.Lock()  # guards _RUNTIMES, _BUILDING and _LISTENED; never held while a runtime is built
+_BUILDING: dict[tuple[str, str, str], threading.Lock] = {}
 
 
 def _runtime(opts: StreamOptions) -> _Runtime:
+    """The process's runtime for these options, built on first use. Building is slow (the
+    engine, the owner lock's wait, the manifests): it happens outside _RUNTIMES_LOCK, under a
+    per-key lock, so other keys are not held up and one key is not built twice."""
     key = (opts.warehouse, opts.subscription, opts.consumer)
     with _RUNTIMES_LOCK:
         rt = _RUNTIMES.get(key)
-        if rt is None:
-            rt = _Runtime(opts)
-            _RUNTIMES[key] = rt
-        return rt
+        if rt is not None:
+            return rt
+        building = _BUILDING.setdefault(key, threading.Lock())
+    with building:
+        with _RUNTIMES_LOCK:
+            rt = _RUNTIMES.get(key)
+        if rt is not None:
+            return rt
+        made = _Runtime(opts)
+        with _RUNTIMES_LOCK:
+            rt = _RUNTIMES.setdefault(key, made)
+    if rt is not made:  # inserted meanwhile by a caller that did not wait on `building`: keep that one
+        made.stop()
+    return rt
 
 
 # -- Spark's classes ---------------------------------------------------------------------------
