@@ -204,7 +204,15 @@ def test_a_batch_failing_after_a_completed_one_is_nacked_by_the_listener(spark, 
         ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "leaseSeconds": "5"}, "leaseSeconds"),
         ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "consumer": "a b"}, "consumer"),
         ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "pullWaitSeconds": "-1"}, "pullWaitSeconds"),
-        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "maxMesagesPerTrigger": "5"}, "maxmesagespertrigger"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "maxMesagesPerTrigger": "5"}, "maxMesagesPerTrigger"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "maxLeaseDuration": "5"}, "maxLeaseDuration"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "maxleaseduration": "nan"}, "maxLeaseDuration"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "rowsPerPartition": "0"}, "rowsPerPartition"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "rowsPerPartition": "nan"}, "rowsPerPartition"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "ownerTimeout": "1"}, "ownerTimeout"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "ownerTimeout": "NaN"}, "ownerTimeout"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "pullWaitSeconds": "nan"}, "pullWaitSeconds"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "leaseSeconds": "nan"}, "leaseSeconds"),
         ({"warehouse": "s3://b/w", "subscription": "projects/p/subscriptions/sss"}, "warehouse"),
     ],
 )
@@ -212,6 +220,8 @@ def test_bad_options_name_the_option_and_the_rule(options, field):
     with pytest.raises(InvalidArgument) as e:
         StreamOptions.from_options(options)
     assert e.value.field == field and e.value.rule
+    if field == "maxMesagesPerTrigger":  # a misspelt option: named as spelled, with the one it resembles
+        assert "did you mean maxMessagesPerTrigger?" in e.value.rule
 
 
 def test_load_refuses_a_missing_subscription_with_a_clear_error(spark, pub, topic, warehouse):

@@ -127,6 +127,10 @@ def _float_option(options: Mapping[str, str], name: str, default: float, lo: flo
     return value
 
 
+OPTION_NAMES = ("warehouse", "subscription", "consumer", "maxMessagesPerTrigger", "leaseSeconds", "maxLeaseDuration",
+                "pullWaitSeconds", "rowsPerPartition", "ownerTimeout", "path")
+
+
 @dataclass(frozen=True, slots=True)
 class StreamOptions:
     """The source's options, checked (``from_options`` parses Spark's string options,
@@ -174,15 +178,17 @@ class StreamOptions:
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "StreamOptions":
         lower = {str(k).lower(): v for k, v in options.items()}
-        known = {
-            "warehouse", "subscription", "consumer", "maxmessagespertrigger", "leaseseconds", "maxleaseduration",
-            "pullwaitseconds", "rowsperpartition", "ownertimeout", "path",
-        }
-        unknown = sorted(k for k in lower if k not in known and not k.startswith("storage."))
+        known = {o.lower(): o for o in OPTION_NAMES}
+        # Named as the user spelled it (Spark itself hands the keys over lowercased, so through
+        # Spark it is the lowercased spelling), with the option it most likely meant.
+        unknown = sorted(str(k) for k in options if str(k).lower() not in known and not str(k).lower().startswith("storage."))
         if unknown:
-            raise InvalidArgument(unknown[0], "is not an option of the deltabus source (warehouse, subscription, consumer, "
-                                              "maxMessagesPerTrigger, leaseSeconds, maxLeaseDuration, pullWaitSeconds, "
-                                              "rowsPerPartition, ownerTimeout, storage.<key>)")
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0].lower(), list(known), n=1, cutoff=0.75)
+            hint = f"did you mean {known[close[0]]}? " if close else ""
+            raise InvalidArgument(unknown[0], f"is not an option of the deltabus source ({hint}options: "
+                                              f"{', '.join(o for o in OPTION_NAMES if o != 'path')}, storage.<key>)")
         lease = lower.get("leaseseconds")
         return cls(
             warehouse=str(lower.get("warehouse") or lower.get("path") or ""),
