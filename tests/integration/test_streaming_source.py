@@ -132,13 +132,21 @@ def test_a_failed_batch_is_not_acked_and_its_messages_come_back(spark, pub, sub,
     assert sub.get_backlog(s).num_unacked_messages == 30  # nothing acked
     # Restarted on the same checkpoint, the same batch id is replayed with the same rows.
     sink = str(tmp_path / "sink")
-    query = (_stream(spark, warehouse, s, leaseSeconds=10).writeStream.foreachBatch(idempotent_delta_sink(sink, "r"))
+    write = idempotent_delta_sink(sink, "r")
+    replayed: list[tuple[int, list[str]]] = []
+
+    def recording(df, batch_id):
+        replayed.append((batch_id, sorted(r["message_id"] for r in df.select("message_id").collect())))
+        write(df, batch_id)
+
+    query = (_stream(spark, warehouse, s, leaseSeconds=10).writeStream.foreachBatch(recording)
              .option("checkpointLocation", ck).trigger(processingTime="0.1 seconds").start())
     try:
         assert _run_until(query, lambda: len(_sink_rows(sink)) >= 30)
         assert _run_until(query, lambda: sub.get_backlog(s).num_unacked_messages == 0)
     finally:
         query.stop()
+    assert replayed[0] == seen[0], (replayed[0][0], seen[0][0])  # same batch id, same rows
     ids = [r["message_id"] for r in _sink_rows(sink)]
     assert sorted(ids) == sorted(published)
     assert DeltaTable(sink).transaction_version("r") is not None
@@ -270,7 +278,12 @@ def _sigkill_scenario(pub, sub, topic, warehouse, tmp_path):
     published = pub.publish_batch(topic, [{"data": f"p{i}".encode()} for i in range(700)])
     published += pub.publish_batch(topic, [{"data": f"{i}".encode(), "ordering_key": f"key{i % 7}"} for i in range(700)])
     sink, ck, log_path = str(tmp_path / "sink"), str(tmp_path / "ck"), tmp_path / "worker.log"
-    rng = random.Random(os.environ.get("STREAM_CRASH_SEED") or time.time_ns())
+    seed = int(os.environ.get("STREAM_CRASH_SEED") or time.time_ns())
+    rng = random.Random(seed)
+    replay = f"kill times from seed {seed}: replay with STREAM_CRASH_SEED={seed}"
+    print(replay, flush=True)  # in the output of a failing run; and in every assertion message below
+    with open(log_path, "a") as f:
+        f.write(replay + "\n")
     for _ in range(2):
         worker = _start_worker(warehouse, s, sink, ck, log_path)
         try:
@@ -278,35 +291,35 @@ def _sigkill_scenario(pub, sub, topic, warehouse, tmp_path):
             deadline = time.time() + 120
             while time.time() < deadline and len(_sink_rows(sink)) == before and worker.poll() is None:
                 time.sleep(0.05)  # until this run has written a batch: kill while batches flow
-            assert worker.poll() is None, log_path.read_text()[-3000:]
+            assert worker.poll() is None, f"{replay}\n{log_path.read_text()[-3000:]}"
             time.sleep(rng.uniform(0.0, 2.5))  # somewhere in the next batches: pull, manifest, offset log, sink, ack
         finally:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(30)
             with open(log_path, "a") as f:
                 f.write(f"KILLED t={time.time():.1f}\n")
-    assert 0 < len(_sink_rows(sink)) < len(published)
+    assert 0 < len(_sink_rows(sink)) < len(published), replay
     worker = _start_worker(warehouse, s, sink, ck, log_path, "--until", str(len(published)))
     try:
-        assert worker.wait(200) == 0, log_path.read_text()[-3000:]
+        assert worker.wait(200) == 0, f"{replay}\n{log_path.read_text()[-3000:]}"
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
     rows = _sink_rows(sink)
     ids = [r["message_id"] for r in rows]
-    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicates; {log_path.read_text()[-3000:]}"  # none twice
-    assert set(ids) == set(published), f"{len(set(published) - set(ids))} lost"  # none lost
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicates; {replay}\n{log_path.read_text()[-3000:]}"
+    assert set(ids) == set(published), f"{len(set(published) - set(ids))} lost; {replay}"  # none lost
     batches = {}
     for r in rows:
         batches.setdefault(r["message_id"], set()).add(r["batch"])
-    assert all(len(b) == 1 for b in batches.values())
+    assert all(len(b) == 1 for b in batches.values()), replay
     ordered = sorted((r for r in rows if r["ordering_key"]), key=lambda r: (r["batch"], r["pos"]))
     for k in range(7):
         got = [int(r["data"]) for r in ordered if r["ordering_key"] == f"key{k}"]
-        assert got == sorted(got)
-    assert sub.get_backlog(s).num_unacked_messages == 0
+        assert got == sorted(got), replay
+    assert sub.get_backlog(s).num_unacked_messages == 0, replay
     ledger = next((Path(warehouse) / "_streams").glob("*/default"))
-    assert not list(ledger.glob("m-*/*.parquet"))  # no live manifest with rows left
+    assert not list(ledger.glob("m-*/*.parquet")), replay  # no live manifest with rows left
 
 
 # Three Spark starts in child processes (62-134 s here): in the background from the session's
