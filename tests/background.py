@@ -166,6 +166,7 @@ def _run_name(module: ModuleType) -> str:
 # Out-of-process runs of this session: run name -> the node ids of the tests it runs.
 _RUNS: dict[str, list[str]] = {}
 _ROOTDIR: list[Path] = []  # the session's rootdir: node ids are relative to it
+BASETEMP: list[Path] = []  # the session's temp root, once the early scenarios started
 
 
 def arrange(items: list[pytest.Item]) -> None:
@@ -265,6 +266,7 @@ def start_early(items: list[pytest.Item], tmp_path_factory: pytest.TempPathFacto
     """Start the early scenarios that this session's selected tests need, in module order."""
     if not _ENV:
         _ENV.update(os.environ)
+        BASETEMP[:] = [tmp_path_factory.getbasetemp()]
     modules: dict[ModuleType, set[str]] = {}
     for item in items:
         modules.setdefault(item.module, set()).add(item.originalname)  # type: ignore[attr-defined]

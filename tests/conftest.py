@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -173,10 +174,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         start = min(t0 for _, t0, _ in timeline)
         busy = sum(t1 - t0 for _, t0, t1 in timeline)
         longest = sorted(timeline, key=lambda r: r[1] - r[2])[:3]
+        # Every scenario's start and end, to balance the two lanes (OUT_OF_PROCESS, BACKGROUND).
+        path = background.BASETEMP[0] / "background-timeline.json"
+        path.write_text(json.dumps([{"name": name, "start_s": round(t0 - start, 1), "end_s": round(t1 - start, 1)}
+                                    for name, t0, t1 in timeline], indent=1))
         terminalreporter.write_line(
             f"background: {len(timeline)} scenarios, {busy:.0f} s busy, the last ended "
             f"{max(t1 for _, _, t1 in timeline) - start:.0f} s after the first began; longest: "
-            + ", ".join(f"{name} {t1 - t0:.0f} s" for name, t0, t1 in longest))
+            + ", ".join(f"{name} {t1 - t0:.0f} s" for name, t0, t1 in longest) + f" (all: {path})")
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,6 @@ from deltabus import ClientClosed, InvalidArgument, PublisherClient, SubscriberC
 from deltabus.pagers import ListSubscriptionsPager, ListTopicsPager, ListTopicSubscriptionsPager
 from tests.conftest import table_versions
 
-# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
-# about 24 s: clients and a SparkSession in process.
-OUT_OF_PROCESS = True
 
 # The flattened keyword fields of google-cloud-pubsub 2.x's methods (GAPIC signatures, and the
 # hand-written publish/subscribe). Ours must take at least these names.

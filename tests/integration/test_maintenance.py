@@ -12,9 +12,6 @@ from deltabus.storage.maintenance import AutoCompact, file_count
 from tests.conftest import table_versions
 from tests.integration.test_cli import run
 
-# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
-# about 21 s: clients and a SparkSession in process.
-OUT_OF_PROCESS = True
 
 
 def _messages_files(warehouse: str) -> int:

@@ -15,9 +15,6 @@ from tests.endpoints import Behaviour, Endpoint
 from deltabus.storage.arrow import read_table
 from tests.conftest import requires_delta
 
-# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
-# about 75 s: push jobs in its SparkSession and endpoints in process.
-OUT_OF_PROCESS = True
 
 pytestmark = pytest.mark.spark
 
