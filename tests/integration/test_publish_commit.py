@@ -108,3 +108,32 @@ def test_committed_rows_reach_the_cache_as_the_table_has_them(pub, topic, wareho
     found, missing = cache.get(registry.topic(topic).topic_uid, ids)
     assert missing == []
     assert found == fetch_messages(engine, registry.topic(topic).topic_uid, ids)
+
+
+def test_recorded_versions_fan_out_as_the_change_feed_has_them(pub, topic, subscription, warehouse, clock) -> None:
+    """OwnCommits serves the versions a round appended exactly as the change feed reads them
+    (with and without attributes), and reads the versions it did not record (another
+    writer's) from the change feed."""
+    from deltabus.delivery.cursor import read_unfanned
+    from deltabus.server.own_commits import OwnCommits
+
+    engine = open_engine(warehouse, engine="delta-rs")
+    registry = Registry(engine, clock=clock)
+    rec = registry.subscription(subscription)
+    own = OwnCommits()
+    first = engine.version("messages") + 1
+    run_round(engine, registry, [(topic, [OutgoingMessage(b"a", {"k": "1"}, "key", 3)])], clock, None, own)
+    pub.publish_batch(topic, [{"data": b"elsewhere", "attributes": {"k": "2"}}])  # not recorded
+    run_round(engine, registry, [(topic, _msgs(b"b", b"c"))], clock, None, own)
+    last = engine.version("messages")
+    assert own.own(first, first) and not own.own(first, last)
+    for attributes in (False, True):
+        def feed(a: int, b: int) -> object:
+            return read_unfanned(engine, rec, a, b, attributes=attributes)
+
+        got = own.fanout(rec.topic_uid, first, last, attributes, feed)  # type: ignore[arg-type]
+        want = read_unfanned(engine, rec, first, last, attributes=attributes)
+        order = [("message_id", "ascending")]
+        assert got.num_rows == 4
+        assert got.sort_by(order).to_pylist() == want.sort_by(order).to_pylist()
+    assert own.misses == 2 and own.hits == 4  # the other writer's version, twice; ours, twice each

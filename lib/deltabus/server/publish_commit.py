@@ -42,10 +42,12 @@ from typing import Callable, NamedTuple, Sequence
 import pyarrow as pa
 
 from ..errors import NotFound
-from ..publisher.rows import OutgoingMessage, append, build_rows
+from ..publisher.rows import OutgoingMessage, build_rows
 from ..registry import Registry
-from ..storage import Engine
+from ..storage import Engine, Snapshot
+from ..storage.tables import MESSAGES
 from ..timestamps import US_PER_SECOND, to_us
+from .own_commits import OwnCommits
 from .payload_cache import PayloadCache
 from .rounds import fail_all, run_off_loop, settle
 
@@ -79,10 +81,12 @@ def run_round(
     requests: Sequence[tuple[str, Sequence[OutgoingMessage]]],
     clock: Callable[[], float],
     cache: PayloadCache | None = None,
+    own: OwnCommits | None = None,
 ) -> list[list[str] | Exception]:
     """Append the messages of `requests` (topic name, messages) in one commit; return each
     request's ids, or the error that fails it alone (its topic is gone). Blocking. An
-    append error is raised (it fails the whole round)."""
+    append error is raised (it fails the whole round). `own`: where the version the append
+    wrote is recorded with its rows (the group commit's fan-out reads them from there)."""
     topics = registry.topics()
     out: list[list[str] | Exception] = []
     tables: list[pa.Table] = []
@@ -98,10 +102,23 @@ def run_round(
         out.append(ids)
     if tables:
         rows = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        append(engine, rows)
+        version = append(engine, rows)
+        if own is not None and version is not None:
+            own.put(version, rows)
         if cache is not None:  # committed: the rounds that lease them need not read them back
             cache.put(rows)
     return out
+
+
+def append(engine: Engine, rows: pa.Table) -> int | None:
+    """Append `rows` to the messages table (a blind append: only a lost version race reruns
+    it) and return the version it wrote (None when the engine does not tell)."""
+
+    def attempt(snap: Snapshot) -> int | None:
+        snap.append(rows)
+        return getattr(snap, "committed_version", None)
+
+    return engine.transact(MESSAGES.name, attempt, what="append to messages")
 
 
 class PublishCommits:
@@ -109,9 +126,11 @@ class PublishCommits:
     event loop; rounds run on `executor`."""
 
     def __init__(
-        self, engine: Engine, registry: Registry, clock: Callable[[], float], *, executor: Executor, cache: PayloadCache | None = None
+        self, engine: Engine, registry: Registry, clock: Callable[[], float], *, executor: Executor, cache: PayloadCache | None = None,
+        own: OwnCommits | None = None,
     ) -> None:
         self._cache = cache
+        self._own = own
         self._engine = engine
         self._registry = registry
         self._clock = clock
@@ -143,7 +162,7 @@ class PublishCommits:
                 try:
                     answers = await run_off_loop(
                         self._executor, run_round, self._engine, self._registry, [(p.topic, p.messages) for p in batch], self._clock,
-                        self._cache,
+                        self._cache, self._own,
                     )
                 except Exception as exc:  # nothing of the round was written: every request fails with it
                     fail_all(batch, exc)

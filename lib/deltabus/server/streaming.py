@@ -89,6 +89,7 @@ from ..registry import SubscriptionRecord
 from ..storage.clock import wall
 from . import convert
 from .group_commit import GroupCommits
+from .own_commits import OwnCommits
 from .payload_cache import PayloadCache
 from .publish_commit import PublishCommits
 from .state import MESSAGE_OVERHEAD, RESPONSE_LIMIT, ServerState
@@ -136,12 +137,14 @@ class StreamHub:
         # with this pool.
         self._rounds = ThreadPoolExecutor(max_workers=ROUND_THREADS, thread_name_prefix="deltabus-rounds")
         self.payloads = PayloadCache()  # this server's recent publishes, for the rounds that lease them
+        self.own_commits = OwnCommits()  # the messages-table versions this server appended: fan-out and the watcher skip reading them
         self.activity = ActivityRecorder(state.registry, wall(state.clock))  # for expiration policies
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
-                                    on_use=self.activity.used)
+                                    on_use=self.activity.used, own=self.own_commits)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
-        self.publishes = PublishCommits(state.engine, state.registry, wall(state.clock), executor=self._appends, cache=self.payloads)
+        self.publishes = PublishCommits(state.engine, state.registry, wall(state.clock), executor=self._appends, cache=self.payloads,
+                                        own=self.own_commits)
         self._streams: set[_Stream] = set()
         self._owner: dict[str, _Stream] = {}
         # ack id -> the lease end its deliveries row holds once the changes queued so far commit
@@ -271,16 +274,23 @@ class StreamHub:
                 s.wake.set()
 
     def _watch(self) -> None:
-        """The one watcher thread: wakes every stream when the messages table moves."""
+        """The one watcher thread: wakes every stream when the messages table moves, unless
+        every new version is one this server appended (``published`` woke their topic's
+        streams already). Why (measured, bench/server.py's latency phase): each of the
+        server's own appends woke every stream a second time ~0-20 ms later, and a stream
+        woken in the middle of its lease round asked again at once, a round that found nothing."""
         try:
             watcher = self._state.watcher
             uri = self._state.engine.table_uri("messages")
             seen = watcher.current([uri])
             while not self._halt.is_set():
                 if watcher.wait_newer(seen, WATCH_TIMEOUT, self._halt):
-                    seen = watcher.current([uri])
-                    self.wakeups += 1
-                    self._loop.call_soon_threadsafe(self._wake)
+                    now = watcher.current([uri])
+                    ours = self.own_commits.own(seen[uri] + 1, now[uri])
+                    seen = now
+                    if not ours:
+                        self.wakeups += 1
+                        self._loop.call_soon_threadsafe(self._wake)
         except Exception as exc:  # the loop closed under us, or storage went away: streams still recheck
             if not self._halt.is_set():
                 log.warning("deltabus serve: the log watcher thread stopped (%s)", type(exc).__name__)
@@ -494,7 +504,13 @@ async def handle_streaming_pull(
                         sizes.append(size + len(m.ack_id) + len(m.message.message_id) + len(m.message.ordering_key) + MESSAGE_OVERHEAD)
                     for resp in _responses(received, props, sizes):
                         yield resp
-                    continue
+                    if granted.more:
+                        continue
+                    # The round leased all there was: wait for a wake-up (one that came during
+                    # the round is still set) rather than ask again at once. Why (measured,
+                    # bench/server.py's latency phase): every round that leased new messages
+                    # was followed by one that found nothing, holding the subscription's
+                    # rounds (and the acks queued behind it) for its ~10 ms.
             try:
                 await asyncio.wait_for(s.wake.wait(), IDLE_RECHECK)
             except asyncio.TimeoutError:

@@ -60,6 +60,7 @@ class DeltaRsSnapshot:
         self._version = dt.version()
         self._committed = False
         self.written: set[str] = set()  # partition values this snapshot's commit wrote to
+        self.committed_version: int | None = None  # the version an append made here wrote (the handle's, after it)
 
     def _wrote(self, data: pa.Table) -> None:
         col = self._spec.partition_column
@@ -268,6 +269,7 @@ class DeltaRsSnapshot:
         self._committed = True
         props = CommitProperties(app_transactions=[Transaction(app_txn[0], int(app_txn[1]))]) if app_txn else None
         self._observed(lambda: write_deltalake(self._dt, data, mode="append", commit_properties=props))
+        self.committed_version = self._dt.version()
         self._wrote(data)
 
     def commit_txns(self, app_txns: Sequence[tuple[str, int]]) -> None:
