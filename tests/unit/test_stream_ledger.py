@@ -176,3 +176,90 @@ def test_a_plan_from_the_initial_offset_abandons_an_older_checkpoints_batches():
     assert abandoned(ledger, 4, 5) == []  # the same lineage: 3 and 4 are committed (acked instead)
     after, to_ack = plan(drop(ledger, [3, 4]), 0, 5)
     assert after.batches == {5: PLANNED} and to_ack == [] and after.links == {5: 0}
+
+
+# -- the owner lock (deltabus.spark.streaming.OwnerLock): real files in a tmp dir --------------------
+def _lock(directory, run, timeout=3.0):
+    from deltabus.spark.streaming import OwnerLock
+
+    return OwnerLock(str(directory), run, timeout, "consumer 'c' of projects/p/subscriptions/s")
+
+
+def _owner_run(directory):
+    import json
+
+    return json.loads((directory / "owner.json").read_text())["run"]
+
+
+def test_a_late_heartbeat_never_gives_the_lock_back_to_the_run_that_lost_it(tmp_path):
+    """A is alive but its renewals stall past ownerTimeout (a slow fsync, say); B judges it
+    stale, removes owner.json under the flock and links its own; then A's renewal lands. It
+    must leave owner.json naming B (the review's race: A's rewrite of owner.json made two
+    owners) and A must learn it lost before writing anything."""
+    import os
+    import time
+
+    from deltabus.errors import FailedPrecondition
+
+    a = _lock(tmp_path, "A")
+    assert a.try_acquire() is None and _owner_run(tmp_path) == "A"
+    old = time.time() - 60
+    os.utime(a.beat_path, (old, old))  # A's last renewal is older than ownerTimeout
+    b = _lock(tmp_path, "B")
+    assert b.try_acquire() is None and _owner_run(tmp_path) == "B"
+    assert not os.path.exists(a.beat_path)  # removed with A's owner.json
+    assert a.beat() is False and a.lost is not None and "taken over" in a.lost  # the late renewal
+    assert _owner_run(tmp_path) == "B" and b.still_owner() and b.lost is None
+    assert not os.path.exists(a.beat_path)  # a renewal never re-creates its file
+    with pytest.raises(FailedPrecondition, match="consumer 'c' of projects/p/subscriptions/s was taken over"):
+        with a.guard():
+            pytest.fail("a run that lost the lock must not write")
+    with b.guard():
+        pass  # B writes
+    a.release()  # A stopping late must not remove B's lock
+    assert _owner_run(tmp_path) == "B" and b.beat()
+
+
+def test_renewals_racing_a_takeover_leave_exactly_one_owner(tmp_path):
+    """A renews in a tight loop (every renewal may be late) while racers try to take a lock
+    whose heartbeat file looks stale: whoever wins, owner.json names one run from then on and
+    every other run, A included, knows it is not the owner."""
+    import os
+    import threading
+    import time
+
+    a = _lock(tmp_path, "A")
+    assert a.try_acquire() is None
+    stop = threading.Event()
+
+    def renew():
+        while not stop.is_set() and a.beat():
+            old = time.time() - 60  # the renewal 'lands late': its file looks stale again at once
+            try:
+                os.utime(a.beat_path, (old, old))
+            except FileNotFoundError:
+                pass
+
+    old = time.time() - 60
+    os.utime(a.beat_path, (old, old))
+    t = threading.Thread(target=renew)
+    t.start()
+    racers = [_lock(tmp_path, f"R{i}") for i in range(4)]
+    results: dict[str, object] = {}
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r.run, r.try_acquire())) for r in racers]
+    for x in threads:
+        x.start()
+    for x in threads:
+        x.join(10)
+    stop.set()
+    t.join(10)
+    winners = [r for r in racers if results[r.run] is None]
+    assert len(winners) == 1 and _owner_run(tmp_path) == winners[0].run
+    assert not a.beat() and _owner_run(tmp_path) == winners[0].run
+    assert [r.still_owner() for r in racers].count(True) == 1
+
+
+def test_the_heartbeat_interval_follows_the_owner_timeout():
+    from deltabus.spark.streaming import heartbeat_interval
+
+    assert heartbeat_interval(3.0) == 0.75 and heartbeat_interval(10.0) == 2.0 and heartbeat_interval(600.0) == 2.0

@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 
 NAME = "deltabus"
 MAX_PULL = 10_000  # one pull's most (the pull path's own limit)
-HEARTBEAT_SECONDS = 2.0  # owner.json renewal
+HEARTBEAT_SECONDS = 2.0  # the owner heartbeat's longest interval (heartbeat_interval)
 UNSETTLED_SECONDS = 7 * 24 * 3600.0  # how long an unapplied ack keeps a message out (the longest retention)
 
 SCHEMA = StructType(
@@ -328,8 +329,7 @@ class _Runtime:
         self.dir = os.path.join(opts.ledger_root, rec.sub_uid, opts.consumer)
         os.makedirs(self.dir, exist_ok=True)
         self.run = uuid.uuid4().hex
-        self.since = time.time()  # when this run took the ledger (owner.json "since": nack_failed reads it)
-        self.lost: str | None = None  # set when another run took the ledger over: every call fails
+        self.owner = OwnerLock(self.dir, self.run, opts.owner_timeout, f"consumer {opts.consumer!r} of {opts.subscription}")
         self._stop = threading.Event()
         self._take_ownership()
         # The heartbeat has its own thread: a slow lease extension must not let owner.json go stale.
@@ -357,14 +357,17 @@ class _Runtime:
 
     # the owner lock (one running query per subscription and consumer; see acquire_owner)
     def _owner_path(self) -> str:
-        return os.path.join(self.dir, "owner.json")
+        return self.owner.path
 
-    def _owner(self) -> dict[str, Any] | None:
-        return _read_owner(self._owner_path())
+    @property
+    def since(self) -> float | None:
+        """When this run took the ledger (owner.json "since": nack_failed reads it)."""
+        return self.owner.since
 
-    def _owner_doc(self) -> dict[str, Any]:
-        return {"run": self.run, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time(),
-                "since": self.since}
+    @property
+    def lost(self) -> str | None:
+        """Set when another run took the ledger over: every call fails."""
+        return self.owner.lost
 
     def _take_ownership(self) -> None:
         """Wait for the ledger's owner to go: its heartbeat older than ownerTimeout, or its
@@ -373,10 +376,11 @@ class _Runtime:
 
         give_up = time.time() + self.opts.owner_timeout + 5
         while True:
-            holder = acquire_owner(self._owner_path(), self._owner_doc(), self.opts.owner_timeout)
+            holder = self.owner.try_acquire()
             if holder is None:
                 return
             if time.time() >= give_up:
+                self.owner.give_up()
                 raise FailedPrecondition(
                     f"consumer {self.opts.consumer!r} of {self.opts.subscription} is in use by another running query "
                     f"(pid {holder.get('pid')} on {holder.get('host')}): one query per subscription and consumer; "
@@ -385,27 +389,14 @@ class _Runtime:
             time.sleep(0.5)
 
     def _still_owner(self) -> bool:
-        """Re-read owner.json: False (and `lost` set) when this run no longer holds it."""
-        if self.lost is not None:
-            return False
-        owner = self._owner()
-        if owner is not None and owner.get("run") == self.run:
-            return True
-        self.lost = (f"consumer {self.opts.consumer!r} of {self.opts.subscription} was taken over by another run "
-                     f"(pid {(owner or {}).get('pid')} on {(owner or {}).get('host')}; owner.json "
-                     f"{'replaced' if owner else 'removed'}): this query stops using it")
-        log.error("stream %s", self.lost)
-        return False
+        return self.owner.still_owner()
 
     def _beat(self) -> None:
-        """Renew owner.json every HEARTBEAT_SECONDS while it is still this run's."""
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            if not self._still_owner():
+        """Renew this run's heartbeat file while owner.json is still this run's."""
+        interval = heartbeat_interval(self.opts.owner_timeout)
+        while not self._stop.wait(interval):
+            if not self.owner.beat():
                 return
-            try:
-                _write_json(self._owner_path(), self._owner_doc())
-            except OSError:
-                log.exception("stream %s: could not renew owner.json", self.opts.subscription)
 
     def check_owner(self) -> None:
         """Before state is saved or a manifest written: this run still holds the ledger."""
@@ -416,12 +407,7 @@ class _Runtime:
             raise FailedPrecondition(self.lost)
 
     def _release(self) -> None:
-        owner = self._owner()
-        if owner is not None and owner.get("run") == self.run:
-            try:
-                os.remove(self._owner_path())
-            except OSError:
-                pass
+        self.owner.release()
 
     # records and state
     def record(self) -> Any:
@@ -737,14 +723,167 @@ def _read_owner(path: str) -> dict[str, Any] | None:
         return None
 
 
+def heartbeat_interval(timeout: float) -> float:
+    """How often a run renews its heartbeat: a quarter of ownerTimeout (so three renewals
+    can be late before it goes stale), at most every 2 s."""
+    return min(HEARTBEAT_SECONDS, timeout / 4)
+
+
+class LockBusy(Exception):
+    """``<owner.json>.lock`` stayed held past the caller's bound."""
+
+
+@contextmanager
+def _flocked(path: str, deadline: float) -> Iterator[None]:
+    """Hold the exclusive ``flock`` of ``<path>.lock`` (released by the kernel when the
+    process dies: never stale itself). Taken with LOCK_NB and retried until `deadline`
+    (time.time()), then LockBusy: a holder stuck on storage must not hang the caller past
+    its own give-up time. Its holders keep it for a re-read and a rename or removal."""
+    import fcntl
+
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() >= deadline:
+                    raise LockBusy(f"{path}.lock is held by another run") from None
+                time.sleep(0.01)
+            except OSError:
+                log.warning("owner lock %s: the file system refuses flock; going on without it", path)
+                break
+        yield
+    finally:
+        os.close(fd)
+
+
+class OwnerLock:
+    """The exclusive owner lock of one ledger directory (one running query per subscription
+    and consumer).
+
+    ``owner.json`` names the run ({"run", "host", "pid", "since", "beat"}) and is never
+    rewritten after it is linked: a write to it could land after another run has taken the
+    lock (a heartbeat delayed past ownerTimeout, say) and name the old run again, giving two
+    owners. The heartbeat is the mtime of the run's own file ``heartbeat-<run>.touch``
+    (named by "beat"), renewed with ``os.utime`` and never created by the renewal: a late
+    renewal only touches its own file, or fails once the new owner removed it. Staleness:
+    that file unchanged for ownerTimeout, or the owner's process gone (same host). Every
+    write to the ledger (``guard``) re-reads owner.json under the flock that stale removal
+    takes, so no write of this run lands after another run's link."""
+
+    def __init__(self, directory: str, run: str, timeout: float, name: str) -> None:
+        self.dir = directory
+        self.path = os.path.join(directory, "owner.json")
+        self.run = run
+        self.timeout = timeout
+        self.name = name  # "consumer 'c' of projects/p/subscriptions/s", for messages
+        self.beat_path = os.path.join(directory, f"heartbeat-{run}.touch")
+        self.since: float | None = None  # when this run's owner.json was linked (S3: nack_failed compares it)
+        self.lost: str | None = None
+
+    def doc(self, since: float) -> dict[str, Any]:
+        return {"run": self.run, "host": socket.gethostname(), "pid": os.getpid(), "since": since,
+                "beat": os.path.basename(self.beat_path)}
+
+    def try_acquire(self) -> dict[str, Any] | None:
+        """One attempt: None when this run holds the lock (then `since` is set), else the
+        holder's doc. "since" is the time of this attempt, not of the first: a run that waited
+        for the previous owner must not claim to have owned the ledger while it still ran."""
+        with open(self.beat_path, "a"):
+            pass
+        os.utime(self.beat_path)
+        since = time.time()
+        holder = acquire_owner(self.path, self.doc(since), self.timeout)
+        if holder is None:
+            self.since = since
+            self._clean_leftovers()
+        return holder
+
+    def give_up(self) -> None:
+        try:
+            os.remove(self.beat_path)
+        except OSError:
+            pass
+
+    def _clean_leftovers(self) -> None:
+        """Temporary files of a killed owner (state.json's, a manifest's), and heartbeat files
+        of runs gone long ago. Not owner.json.tmp-*: a waiting acquirer's is still in use."""
+        old = time.time() - (2 * self.timeout + 10)  # longer than any acquirer waits (ownerTimeout + 5)
+        for name in os.listdir(self.dir):
+            path = os.path.join(self.dir, name)
+            try:
+                if name.startswith("state.json.tmp-"):
+                    os.remove(path)
+                elif name.startswith(".m-") and ".tmp-" in name:
+                    shutil.rmtree(path, ignore_errors=True)
+                elif name.startswith("heartbeat-") and path != self.beat_path and os.path.getmtime(path) < old:
+                    os.remove(path)
+            except OSError:
+                pass
+
+    def beat(self) -> bool:
+        """Renew the heartbeat; False (and `lost` set) once this run no longer holds the lock."""
+        try:
+            os.utime(self.beat_path)
+        except FileNotFoundError:
+            pass  # removed with a stale owner.json: still_owner says so
+        except OSError:
+            log.exception("%s: could not renew the heartbeat %s", self.name, self.beat_path)
+        return self.still_owner()
+
+    def still_owner(self) -> bool:
+        """Re-read owner.json: False (and `lost` set) when this run no longer holds it."""
+        if self.lost is not None:
+            return False
+        owner = _read_owner(self.path)
+        if owner is not None and owner.get("run") == self.run:
+            return True
+        self.lost = (f"{self.name} was taken over by another run "
+                     f"(pid {(owner or {}).get('pid')} on {(owner or {}).get('host')}; owner.json "
+                     f"{'replaced' if owner else 'removed'}): this query stops using it")
+        log.error("stream %s", self.lost)
+        return False
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Hold the flock and check this run still owns the ledger: a write done inside lands
+        before any other run can remove owner.json, or not at all (FailedPrecondition)."""
+        from ..errors import FailedPrecondition
+
+        try:
+            with _flocked(self.path, time.time() + self.timeout):
+                if not self.still_owner():
+                    assert self.lost is not None
+                    raise FailedPrecondition(self.lost)
+                yield
+        except LockBusy as e:
+            raise FailedPrecondition(f"{self.name}: {e} for over ownerTimeout ({self.timeout:g} s); "
+                                     "nothing was written") from None
+
+    def release(self) -> None:
+        """Remove owner.json if it is still this run's (re-read under the flock, so the file of
+        a run that took over meanwhile is never removed), and this run's heartbeat file."""
+        try:
+            with _flocked(self.path, time.time() + self.timeout):
+                owner = _read_owner(self.path)
+                if owner is not None and owner.get("run") == self.run:
+                    os.remove(self.path)
+        except (LockBusy, OSError):
+            log.warning("%s: owner.json not released; it expires after ownerTimeout", self.name)
+        self.give_up()
+
+
 def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str, Any] | None:
     """One attempt to make `doc` (with its "run") the owner at `path`; None when it is, else
     the holder's doc ({} when unreadable). Atomic among racers: the doc is written to a
     temporary file, fsynced, and hard-linked to `path`, which fails when `path` exists (so
     of racers for a free lock exactly one links); the winner re-reads `path` to confirm. A
-    stale holder (heartbeat older than `timeout`, or its process gone on this host) is
-    removed under an exclusive ``flock`` of ``<path>.lock`` and only after re-reading that it
-    is still the stale one, so a racer never removes the file of a run that has just won."""
+    stale holder (see OwnerLock; or a "heartbeat" stamp older than `timeout` in a doc with no
+    heartbeat file) is removed under an exclusive ``flock`` of ``<path>.lock`` and only after
+    re-reading that the same file (inode and doc) is still the stale one, so a racer never
+    removes the file of a run that has just won."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     with open(tmp, "w") as f:
         json.dump(doc, f, sort_keys=True)
@@ -755,12 +894,13 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
             try:
                 os.link(tmp, path)
             except FileExistsError:
+                ino = _inode(path)
                 holder = _read_owner(path)
                 if holder is not None and holder.get("run") == doc["run"]:
                     return None
                 if not _owner_stale(path, holder, timeout):
                     return holder if holder is not None else {}
-                _remove_stale(path, holder, timeout)
+                _remove_stale(path, holder, ino, timeout)
                 continue
             _fsync_dir(os.path.dirname(path))
             holder = _read_owner(path)
@@ -775,38 +915,71 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
             pass
 
 
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 def _owner_stale(path: str, holder: Mapping[str, Any] | None, timeout: float) -> bool:
     if holder is not None:
-        return _owner_gone(holder, timeout)
+        return _owner_gone(path, holder, timeout)
     try:  # unreadable (not written by acquire_owner): stale once unchanged for `timeout`
         return time.time() - os.path.getmtime(path) > timeout
     except OSError:
         return True  # gone meanwhile: try again
 
 
-def _remove_stale(path: str, stale: Mapping[str, Any] | None, timeout: float) -> None:
-    import fcntl
-
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+def _remove_stale(path: str, stale: Mapping[str, Any] | None, ino: int | None, timeout: float) -> None:
     try:
+        with _flocked(path, time.time() + timeout):
+            now = _read_owner(path)
+            if now != stale or _inode(path) != ino or not _owner_stale(path, now, timeout):
+                return  # renewed, or already replaced by a racer's fresh owner: not ours to remove
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                return
+            beat = _beat_file(path, stale)
+            if beat is not None:  # the stale run's later renewals fail and it learns it lost
+                try:
+                    os.remove(beat)
+                except OSError:
+                    pass
+    except LockBusy:
+        return  # the caller tries again
+
+
+def _beat_file(path: str, owner: Mapping[str, Any] | None) -> str | None:
+    name = (owner or {}).get("beat")
+    if not isinstance(name, str) or not name.startswith("heartbeat-") or "/" in name or os.sep in name:
+        return None
+    return os.path.join(os.path.dirname(path), name)
+
+
+def _last_beat(path: str, owner: Mapping[str, Any]) -> float | None:
+    """The owner's last heartbeat: its heartbeat file's mtime; a doc without one (written by
+    an earlier version) carries a "heartbeat" stamp; else owner.json's own mtime (it is never
+    rewritten, so a run whose heartbeat file is gone goes stale ownerTimeout after its link)."""
+    beat = _beat_file(path, owner)
+    if beat is not None:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel when the process dies: never stale itself
+            return os.path.getmtime(beat)
         except OSError:
-            log.warning("owner lock %s: the file system refuses flock; a stale owner is removed without it", path)
-        now = _read_owner(path)
-        if now != stale or not _owner_stale(path, now, timeout):
-            return  # renewed, or already replaced by a racer's fresh owner: not ours to remove
-        try:
-            os.remove(path)
-        except FileNotFoundError:
             pass
-    finally:
-        os.close(fd)
+    stamp = owner.get("heartbeat")
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and beat is None:
+        return float(stamp)
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return None
 
 
-def _owner_gone(owner: Mapping[str, Any], timeout: float) -> bool:
-    beat = owner.get("heartbeat")
-    if not isinstance(beat, (int, float)) or time.time() - beat > timeout:
+def _owner_gone(path: str, owner: Mapping[str, Any], timeout: float) -> bool:
+    beat = _last_beat(path, owner)
+    if beat is None or time.time() - beat > timeout:
         return True
     pid = owner.get("pid")
     if owner.get("host") == socket.gethostname() and isinstance(pid, int):
