@@ -246,7 +246,17 @@ def test_renewals_racing_a_takeover_leave_exactly_one_owner(tmp_path):
     t.start()
     racers = [_lock(tmp_path, f"R{i}") for i in range(4)]
     results: dict[str, object] = {}
-    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r.run, r.try_acquire())) for r in racers]
+
+    def take(r):  # as _take_ownership: attempts until it wins, another racer holds it, or time is up
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            holder = r.try_acquire()
+            results[r.run] = holder
+            if holder is None or str(holder.get("run", "")).startswith("R"):
+                return
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=take, args=(r,)) for r in racers]
     for x in threads:
         x.start()
     for x in threads:
@@ -263,3 +273,44 @@ def test_the_heartbeat_interval_follows_the_owner_timeout():
     from deltabus.spark.streaming import heartbeat_interval
 
     assert heartbeat_interval(3.0) == 0.75 and heartbeat_interval(10.0) == 2.0 and heartbeat_interval(600.0) == 2.0
+
+
+def test_a_guarded_write_and_a_takeover_exclude_each_other(tmp_path):
+    """The owner re-read and the rename of state.json (or a manifest) happen under the flock a
+    stale removal takes: a takeover waits for a write in progress, and a write after the
+    takeover is refused and leaves the file and no temporary behind (review S1: a check, then
+    an unlocked write, could land after the takeover)."""
+    import json
+    import os
+    import threading
+    import time
+
+    import pyarrow as pa
+
+    from deltabus.errors import FailedPrecondition
+    from deltabus.spark.streaming import MANIFEST_SCHEMA, _write_json, write_manifest
+
+    a = _lock(tmp_path, "A")
+    assert a.try_acquire() is None
+    state = str(tmp_path / "state.json")
+    _write_json(state, {"next": 1}, a.guard)
+    old = time.time() - 60
+    os.utime(a.beat_path, (old, old))  # A looks stale...
+    b = _lock(tmp_path, "B")
+    got: list[object] = []
+    with a.guard():  # ...but is writing: B's removal waits for the flock
+        t = threading.Thread(target=lambda: got.append(b.try_acquire()))
+        t.start()
+        time.sleep(0.3)
+        assert _owner_run(tmp_path) == "A" and not got
+        os.replace(state, state)  # the write A checked ownership for lands while it still owns
+    t.join(10)
+    assert got == [None] and _owner_run(tmp_path) == "B"
+    with pytest.raises(FailedPrecondition, match="taken over"):
+        _write_json(state, {"next": 99}, a.guard)
+    with pytest.raises(FailedPrecondition, match="taken over"):
+        write_manifest(str(tmp_path), 1, MANIFEST_SCHEMA.empty_table(), 10, a.guard)
+    assert json.loads(open(state).read()) == {"next": 1} and not os.path.exists(tmp_path / "m-1")
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+    write_manifest(str(tmp_path), 1, pa.Table.from_pylist([], MANIFEST_SCHEMA), 10, b.guard)
+    assert os.path.isdir(tmp_path / "m-1")

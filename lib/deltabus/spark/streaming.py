@@ -34,9 +34,9 @@ import threading
 import time
 import uuid
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -256,19 +256,34 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_json(path: str, doc: Mapping[str, Any]) -> None:
+def _unguarded() -> ContextManager[None]:
+    return nullcontext()
+
+
+def _write_json(path: str, doc: Mapping[str, Any], guard: Callable[[], ContextManager[None]] = _unguarded) -> None:
+    """Replace `path` with `doc` atomically: a temporary file written and fsynced first, then
+    renamed inside `guard()` (OwnerLock.guard: the owner check and the rename under one flock,
+    so the rename cannot land after another run took the ledger). A refused guard leaves
+    `path` as it was and no temporary file."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        with guard():
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     _fsync_dir(os.path.dirname(path))
 
 
-def write_manifest(directory: str, n: int, table: pa.Table, rows_per_partition: int) -> None:
-    """Manifest `n` (immutable): parts written under a temporary name, fsynced, renamed at once.
-    An empty table makes an empty manifest (a batch that only lets Spark commit the last)."""
+def write_manifest(directory: str, n: int, table: pa.Table, rows_per_partition: int,
+                   guard: Callable[[], ContextManager[None]] = _unguarded) -> None:
+    """Manifest `n` (immutable): parts written under a temporary name, fsynced, renamed at once
+    inside `guard()` (as _write_json's). An empty table makes an empty manifest (a batch that
+    only lets Spark commit the last)."""
     import pyarrow.parquet as pq
 
     final = os.path.join(directory, f"m-{n}")
@@ -288,9 +303,13 @@ def write_manifest(directory: str, n: int, table: pa.Table, rows_per_partition: 
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
     _fsync_dir(tmp)
-    if os.path.exists(final):  # written by a run that died before recording it: never offered to Spark
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    try:
+        with guard():
+            if os.path.exists(final):  # written by a run that died before recording it: never offered to Spark
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # left only when the guard refused
     _fsync_dir(directory)
 
 
@@ -432,8 +451,10 @@ class _Runtime:
             return policy.Ledger.from_json(json.load(f))
 
     def _save(self, ledger: policy.Ledger) -> None:
-        self.check_owner()  # another run may have taken the ledger since this call began
-        _write_json(os.path.join(self.dir, "state.json"), ledger.to_json())
+        # Owner re-read and rename under the flock stale removal takes: another run may have
+        # taken the ledger since this call began, and a check before an unlocked write could pass
+        # just before the takeover.
+        _write_json(os.path.join(self.dir, "state.json"), ledger.to_json(), self.owner.guard)
         self.ledger = ledger
 
     def _load_keys(self, n: int) -> None:
@@ -481,8 +502,7 @@ class _Runtime:
                 if rows is None or (rows.num_rows == 0 and not self._flush_due()):
                     return self.offset(self._current())
             ledger, n = policy.new_batch(self.ledger)
-            self.check_owner()
-            write_manifest(self.dir, n, rows, self.opts.rows_per_partition)
+            write_manifest(self.dir, n, rows, self.opts.rows_per_partition, self.owner.guard)
             self._save(ledger)
             keys = list(zip(rows["message_id"].to_pylist(), rows["message_version"].to_pylist()))
             self.keys_of[n] = keys
@@ -627,11 +647,17 @@ class _Runtime:
                     d = ackid.decode(self.ack_ids.pop(key))
                     refs.append((d.message_id, d.delivery_attempt, d.message_version))
             self.leased_at.pop(n, None)
-            shutil.rmtree(os.path.join(self.dir, f"m-{n}"), ignore_errors=True)
+            self._remove_manifest(n)
         if refs:
             log.warning("stream %s: %d messages of batches %s of an older checkpoint handed back", self.opts.subscription,
                         len(refs), list(batches))
             modify_deadline_results(self.engine, self.record(), refs, 0, clock=self.clock)
+
+    def _remove_manifest(self, n: int) -> None:
+        """Under the owner's guard: batch numbers are only reused by a ledger's owner, so a
+        run that lost the ledger must not remove a manifest the new owner may have written."""
+        with self.owner.guard():
+            shutil.rmtree(os.path.join(self.dir, f"m-{n}"), ignore_errors=True)
 
     def commit(self, end: Mapping[str, Any]) -> None:
         self.check_owner()
@@ -658,7 +684,7 @@ class _Runtime:
             if failed:
                 log.info("stream %s: %d acks of batch %d did not apply (kept out of later batches)", rec.name, len(failed), n)
             self._save(policy.acked(self.ledger, n, failed, time.time() + UNSETTLED_SECONDS))
-            shutil.rmtree(os.path.join(self.dir, f"m-{n}"), ignore_errors=True)
+            self._remove_manifest(n)
             for key in keys:
                 if self.batch_of.get(key) == n:
                     del self.batch_of[key]
