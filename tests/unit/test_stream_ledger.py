@@ -314,3 +314,38 @@ def test_a_guarded_write_and_a_takeover_exclude_each_other(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
     write_manifest(str(tmp_path), 1, pa.Table.from_pylist([], MANIFEST_SCHEMA), 10, b.guard)
     assert os.path.isdir(tmp_path / "m-1")
+
+
+def test_stop_keeps_the_heartbeat_while_the_leaser_runs_and_releases_only_its_own_lock(tmp_path):
+    """Review S2: stop() ended the heartbeat at once while it waited up to 10 s for the
+    leaser, so the lock went stale (and another run could take it) while a thread of this run
+    still ran. Now the leaser is joined first and the heartbeat stopped last; the release
+    re-reads owner.json under the flock."""
+    import os
+    import threading
+    import time
+
+    from deltabus.spark.streaming import StreamOptions, _Runtime
+
+    rt = object.__new__(_Runtime)  # just the owner lock and the two threads (no warehouse)
+    rt.opts = StreamOptions(warehouse=str(tmp_path), subscription="projects/p/subscriptions/sss", owner_timeout=3.0)
+    rt.owner = _lock(tmp_path, "A")
+    assert rt.owner.try_acquire() is None
+    rt._stop, rt._stop_beat = threading.Event(), threading.Event()
+    stuck = threading.Event()
+    rt._thread = threading.Thread(target=lambda: (rt._stop.wait(), stuck.wait(20)))  # an extension stuck on storage
+    rt._beater = threading.Thread(target=rt._beat)
+    rt._thread.start()
+    rt._beater.start()
+    rt.STOP_JOIN_SECONDS = 0.2
+    rt.stop()
+    assert rt._thread.is_alive() and rt._beater.is_alive() and _owner_run(tmp_path) == "A"
+    first = os.path.getmtime(rt.owner.beat_path)
+    time.sleep(1.6)  # two renewals (every 0.75 s with ownerTimeout 3)
+    assert os.path.getmtime(rt.owner.beat_path) > first and _owner_run(tmp_path) == "A"
+    stuck.set()
+    deadline = time.time() + 5
+    while os.path.exists(tmp_path / "owner.json") and time.time() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(tmp_path / "owner.json") and not os.path.exists(rt.owner.beat_path)
+    assert not rt._beater.is_alive()

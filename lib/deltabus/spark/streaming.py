@@ -349,7 +349,10 @@ class _Runtime:
         os.makedirs(self.dir, exist_ok=True)
         self.run = uuid.uuid4().hex
         self.owner = OwnerLock(self.dir, self.run, opts.owner_timeout, f"consumer {opts.consumer!r} of {opts.subscription}")
-        self._stop = threading.Event()
+        # Two events: stop() ends the leaser first and the heartbeat last, so the lock stays
+        # live as long as any thread of this run may still act on the ledger's leases.
+        self._stop = threading.Event()  # the leaser's
+        self._stop_beat = threading.Event()  # the heartbeat's
         self._take_ownership()
         # The heartbeat has its own thread: a slow lease extension must not let owner.json go stale.
         self._beater = threading.Thread(target=self._beat, name=f"deltabus-stream-owner-{opts.consumer}", daemon=True)
@@ -366,7 +369,7 @@ class _Runtime:
             for n in self.ledger.batches:
                 self._load_keys(n)
         except BaseException:
-            self._stop.set()
+            self._stop_beat.set()
             self._beater.join(10)
             self._release()
             raise
@@ -413,7 +416,7 @@ class _Runtime:
     def _beat(self) -> None:
         """Renew this run's heartbeat file while owner.json is still this run's."""
         interval = heartbeat_interval(self.opts.owner_timeout)
-        while not self._stop.wait(interval):
+        while not self._stop_beat.wait(interval):
             if not self.owner.beat():
                 return
 
@@ -722,21 +725,29 @@ class _Runtime:
                 log.exception("stream %s: lease extension failed", self.opts.subscription)
                 due = time.monotonic() + 1.0
 
+    STOP_JOIN_SECONDS = 10.0
+
     def stop(self) -> None:
-        """Stop the threads; release owner.json only when they ended: a thread still running
-        after 10 s (a lease extension stuck on storage, say) leaves it to expire after
-        ownerTimeout, as a killed run's does, so the next run cannot overlap it."""
+        """Stop the leaser, then the heartbeat, then release owner.json (under the flock, only
+        if still this run's). A leaser still running after STOP_JOIN_SECONDS (a lease extension
+        stuck on storage, say) keeps the heartbeat going: a background thread finishes the stop
+        when it ends, so the lock never goes stale while a thread of this run still runs."""
         self._stop.set()
-        running = []
-        for t in (self._thread, self._beater):
-            if t is not threading.current_thread():
-                t.join(10)
-                if t.is_alive():
-                    running.append(t.name)
-        if running:
-            log.warning("stream %s: %s still running 10 s after stop; owner.json is left to expire (ownerTimeout %gs)",
-                        self.opts.subscription, ", ".join(running), self.opts.owner_timeout)
+        if self._thread is not threading.current_thread():
+            self._thread.join(self.STOP_JOIN_SECONDS)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            log.warning("stream %s: %s still running %g s after stop; owner.json is released when it ends",
+                        self.opts.subscription, self._thread.name, self.STOP_JOIN_SECONDS)
+            threading.Thread(target=self._finish_stop, args=(None,), name=f"{self._thread.name}-stop", daemon=True).start()
             return
+        self._finish_stop(self.STOP_JOIN_SECONDS)
+
+    def _finish_stop(self, wait: float | None) -> None:
+        if self._thread is not threading.current_thread():
+            self._thread.join(wait)
+        self._stop_beat.set()
+        if self._beater is not threading.current_thread():
+            self._beater.join(self.STOP_JOIN_SECONDS)
         self._release()
 
 
