@@ -349,3 +349,47 @@ def test_stop_keeps_the_heartbeat_while_the_leaser_runs_and_releases_only_its_ow
         time.sleep(0.05)
     assert not os.path.exists(tmp_path / "owner.json") and not os.path.exists(rt.owner.beat_path)
     assert not rt._beater.is_alive()
+
+
+def test_the_failure_listener_leaves_a_later_owners_batches_alone(tmp_path):
+    """Review S3: the listener passed the time it ran (asynchronous, maybe after a new run
+    took the ledger) as the failed run's end, and the new run's "since" was set before it
+    waited for the lock; the new run's live batches could be nacked. Now the failed run's
+    last progress timestamp is compared with the owner's since, which is the time of the
+    attempt that won."""
+    import json
+    import os
+    import time
+
+    from deltabus.policy.stream_ledger import Ledger
+    from deltabus.spark.streaming import nack_failed, progress_time
+
+    assert progress_time("2026-11-27T03:05:45.250Z", 0.0) == 1795748745.25
+    assert progress_time("not a time", 7.0) == 7.0 and progress_time(None, 7.0) == 7.0
+    directory = tmp_path / "_streams" / "uid" / "c"
+    directory.mkdir(parents=True)
+    (directory / "state.json").write_text(json.dumps(Ledger(next=3, batches={2: PENDING}).to_json()))
+    old = _lock(directory, "old")
+    assert old.try_acquire() is None
+    last_progress = time.time()
+    stale = time.time() - 60
+    os.utime(old.beat_path, (stale, stale))
+    new = _lock(directory, "new")
+    assert new.try_acquire() is None and new.since is not None and new.since > last_progress
+    # The failed run's batch 2 is the new run's now: nothing is nacked (no manifest or engine is read).
+    assert nack_failed(str(tmp_path), "uid", "c", 1, last_progress) == 0
+
+
+def test_since_is_the_time_of_the_attempt_that_won(tmp_path):
+    import os
+    import time
+
+    a = _lock(tmp_path, "A")
+    assert a.try_acquire() is None
+    b = _lock(tmp_path, "B")
+    assert b.try_acquire() is not None and b.since is None  # A is alive: B waits
+    time.sleep(0.05)
+    freed = time.time()
+    stale = time.time() - 60
+    os.utime(a.beat_path, (stale, stale))
+    assert b.try_acquire() is None and b.since is not None and b.since >= freed

@@ -1166,10 +1166,14 @@ def _nack_on_failure() -> Any:
         posted after the commit log is written); when the run ends with an exception, nacks
         the batches after it (their leases end now instead of after leaseSeconds). A batch
         failing before any batch of the run completed is not seen (no progress event):
-        its leases lapse."""
+        its leases lapse.
+
+        With each end it keeps the progress's own timestamp, not the time the (asynchronous)
+        listener ran: a new run that took the ledger after it is a later owner whose live
+        batches are not the failed run's to nack, however late the listener gets to them."""
 
         def __init__(self) -> None:
-            self.ends: dict[str, dict[tuple[str, str, str], int]] = {}
+            self.ends: dict[str, dict[tuple[str, str, str], tuple[int, float]]] = {}
 
         def onQueryStarted(self, event: Any) -> None:
             pass
@@ -1182,7 +1186,8 @@ def _nack_on_failure() -> Any:
                     continue
                 if isinstance(end, dict) and {"batch", "consumer", "sub", "warehouse"} <= set(end):
                     key = (str(end["warehouse"]), str(end["sub"]), str(end["consumer"]))
-                    self.ends.setdefault(str(event.progress.runId), {})[key] = int(end["batch"])
+                    at = progress_time(getattr(event.progress, "timestamp", None), time.time())
+                    self.ends.setdefault(str(event.progress.runId), {})[key] = (int(end["batch"]), at)
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -1191,19 +1196,37 @@ def _nack_on_failure() -> Any:
             ends = self.ends.pop(str(event.runId), {})
             if event.exception is None:
                 return
-            for (warehouse, sub_uid, consumer), batch in ends.items():
+            for (warehouse, sub_uid, consumer), (batch, at) in ends.items():
                 try:
-                    nack_failed(warehouse, sub_uid, consumer, batch, time.time())
+                    nack_failed(warehouse, sub_uid, consumer, batch, at)
                 except Exception:
                     log.exception("could not nack the failed batch of stream %s/%s", sub_uid, consumer)
 
     return NackOnFailure()
 
 
-def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, ended_at: float) -> int:
+def progress_time(stamp: Any, default: float) -> float:
+    """A StreamingQueryProgress timestamp ("2026-11-27T03:05:45.123Z", UTC) as epoch seconds;
+    `default` (the listener's own clock, later than the progress) when it is not one."""
+    from datetime import datetime, timezone
+
+    if not isinstance(stamp, str) or not stamp:
+        return default
+    try:
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return default
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, last_progress: float) -> int:
     """Nack the rows of the live batches above `after` (a query's last completed batch) of a
-    ledger, unless a new run wrote it since `ended_at`; return how many rows were nacked.
-    The batches stay in the ledger (a restart replays them; re-pulled rows are absorbed)."""
+    ledger, unless the ledger's owner took it after `last_progress` (the failed run's last
+    progress: a later owner is another run, whose live batches these are now); return how
+    many rows were nacked. The batches stay in the ledger (a restart replays them; re-pulled
+    rows are absorbed)."""
     import pyarrow.parquet as pq
 
     from ..delivery.operations import modify_deadline_results
@@ -1214,8 +1237,8 @@ def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, ended_a
 
     directory = os.path.join(warehouse, "_streams", sub_uid, consumer)
     state = os.path.join(directory, "state.json")
-    if not os.path.exists(state) or _owned_since(os.path.join(directory, "owner.json")) > ended_at:
-        return 0  # a new run took the ledger after the query ended: its batches are that run's now
+    if not os.path.exists(state) or _owned_since(os.path.join(directory, "owner.json")) > last_progress:
+        return 0  # a new run took the ledger after the failed run's last progress: its batches are that run's now
     with open(state) as f:
         ledger = policy.Ledger.from_json(json.load(f))
     refs = []
