@@ -16,6 +16,7 @@ from deltabus.policy.stream_ledger import (
     drop,
     expire_unsettled,
     failed_after,
+    idle_offer,
     new_batch,
     parts_of,
     plan,
@@ -176,6 +177,28 @@ def test_a_plan_from_the_initial_offset_abandons_an_older_checkpoints_batches():
     assert abandoned(ledger, 4, 5) == []  # the same lineage: 3 and 4 are committed (acked instead)
     after, to_ack = plan(drop(ledger, [3, 4]), 0, 5)
     assert after.batches == {5: PLANNED} and to_ack == [] and after.links == {5: 0}
+
+
+def test_an_idle_latest_before_spark_says_where_it_is_makes_an_empty_batch():
+    """Review S5: Trigger.AvailableNow calls latestOffset before initialOffset and the restart
+    probe. Offering the ledger's newest planned batch then offered another (stopped)
+    checkpoint's batch, and planning it from this query's offset was a LineageConflict."""
+    # Checkpoint B (stopped) planned 5 from 4; this query (checkpoint A) is at offset 3, all committed.
+    ledger = Ledger(next=6, batches={5: PLANNED}, links={5: 4})
+    with pytest.raises(LineageConflict):
+        plan(ledger, 3, ledger.newest_planned)  # what offering newest_planned led to
+    assert idle_offer(ledger, None, newest_has_rows=False) is None  # so: a new, empty batch
+    ledger, n = new_batch(ledger)
+    assert n == 6 and abandoned(ledger, 3, n) == [5]  # B's batch is handed back, not acked
+    after, to_ack = plan(drop(ledger, [5]), 3, n)
+    assert to_ack == [] and after.batches == {6: PLANNED} and after.links == {6: 3}
+    # A fresh checkpoint (planned from the initial offset) works the same way.
+    assert plan(drop(ledger, [5]), 0, n)[0].links == {6: 0}
+    # Once Spark has said where it is, an idle trigger offers that again...
+    assert idle_offer(after, 6, newest_has_rows=False) == 6
+    # ...unless the newest batch has rows and awaits the commit Spark sends when it plans the next.
+    assert idle_offer(after, 6, newest_has_rows=True) is None
+    assert idle_offer(Ledger(), 0, newest_has_rows=False) == 0
 
 
 # -- the owner lock (deltabus.spark.streaming.OwnerLock): real files in a tmp dir --------------------

@@ -113,6 +113,28 @@ def new_batch(ledger: Ledger) -> tuple[Ledger, int]:
     return replace(ledger, next=n + 1, batches={**ledger.batches, n: PENDING}), n
 
 
+def idle_offer(ledger: Ledger, known: int | None, newest_has_rows: bool) -> int | None:
+    """What ``latestOffset`` offers when it leased nothing new and no batch is pending: the
+    offset Spark already holds (`known`), or None for a new empty batch, made when
+
+    - `known` is None: Spark has not yet said where this query is. ``Trigger.AvailableNow``
+      asks ``latestOffset`` before ``initialOffset`` and the restart probe, and takes the
+      answer as the target it reads up to. Any batch already in the ledger may be another
+      (stopped) checkpoint's; offering it makes this query plan it from its own offset, a
+      LineageConflict (and offering 0 could be below this query's offset). A new empty batch
+      belongs to no lineage yet: Spark plans it from wherever the query is, which also
+      commits (acks) that query's last batch and hands back another checkpoint's (abandoned).
+    - the newest planned batch is the last one made and has rows (`newest_has_rows`): Spark
+      commits a batch only when it plans the next one, so an empty batch lets its ack run
+      now instead of waiting for the next message."""
+    if known is None:
+        return None
+    newest = ledger.newest_planned
+    if newest is not None and newest == ledger.next - 1 and newest_has_rows:
+        return None
+    return known
+
+
 def committed_by(ledger: Ledger, end: int) -> list[int]:
     """The live batches Spark has committed once it committed the batch ending at `end`: the
     chain end, links[end], ... while those are planned batches of the ledger (a batch without

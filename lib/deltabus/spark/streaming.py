@@ -498,12 +498,15 @@ class _Runtime:
             if pending is not None:  # offered again until Spark plans it (also an earlier run's)
                 return self.offset(pending)
             rows = self._lease_rows()
-            if rows is None or (rows.num_rows == 0 and not self._flush_due()):
-                if rows is not None and self.opts.pull_wait_seconds > 0:
-                    self._wait()
-                    rows = self._lease_rows()
-                if rows is None or (rows.num_rows == 0 and not self._flush_due()):
-                    return self.offset(self._current())
+            offer = self._idle_offer(rows)
+            if offer is not None and rows is not None and self.opts.pull_wait_seconds > 0:
+                self._wait()
+                rows = self._lease_rows()
+                offer = self._idle_offer(rows)
+            if offer is not None:
+                return self.offset(offer)
+            if rows is None:  # no lease (clock uncertain) but a batch is due: an empty one (policy.idle_offer)
+                rows = MANIFEST_SCHEMA.empty_table()
             ledger, n = policy.new_batch(self.ledger)
             write_manifest(self.dir, n, rows, self.opts.rows_per_partition, self.owner.guard)
             self._save(ledger)
@@ -516,17 +519,12 @@ class _Runtime:
             self.known = n
             return self.offset(n)
 
-    def _current(self) -> int:
-        if self.known is not None:
-            return self.known
-        planned = self.ledger.newest_planned
-        return planned if planned is not None else 0
-
-    def _flush_due(self) -> bool:
-        """A planned batch with rows awaits its commit, which Spark only sends when it plans
-        the next batch: an empty batch lets it (otherwise acks wait for the next message)."""
+    def _idle_offer(self, rows: pa.Table | None) -> int | None:
+        """None: make a batch (of `rows`, or an empty one); else the offset to offer again."""
+        if rows is not None and rows.num_rows:
+            return None
         newest = self.ledger.newest_planned
-        return newest is not None and newest == self.ledger.next - 1 and bool(self.keys_of.get(newest))
+        return policy.idle_offer(self.ledger, self.known, newest is not None and bool(self.keys_of.get(newest)))
 
     def _wait(self) -> None:
         from ..watch import watcher
