@@ -33,8 +33,12 @@ class PayloadCache:
             raise ValueError(f"max_bytes: must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        # topic_uid -> message_id -> row, the whole cache in insertion order per message.
-        self._rows: OrderedDict[tuple[str, str], tuple[dict[str, Any], int]] = OrderedDict()
+        # (topic_uid, message_id) -> ((its append's PAYLOAD_COLUMNS, its row there), bytes), in
+        # insertion order. Rows stay Arrow until a round asks for them: turning every
+        # published row into a dict at put (attributes as Python pairs) was ~20% of the event
+        # loop's GIL time in bench/server.py's publish phase (py-spy), and most rows of a
+        # publish-heavy server are never leased by this server.
+        self._rows: OrderedDict[tuple[str, str], tuple[tuple[pa.Table, int], int]] = OrderedDict()
         self._bytes = 0
         self.hits = 0  # rows served from memory (a test reads them)
 
@@ -43,15 +47,17 @@ class PayloadCache:
         if self.max_bytes == 0 or rows.num_rows == 0:
             return
         topics = rows["topic_uid"].to_pylist()
-        items = rows.select(PAYLOAD_COLUMNS).to_pylist()
+        ids = rows["message_id"].to_pylist()
+        sizes = rows["size_bytes"].to_pylist()  # data + attributes, as published
+        table = rows.select(PAYLOAD_COLUMNS)
         with self._lock:
-            for topic, row in zip(topics, items):
-                size = len(row["data"] or b"") + sum(len(k) + len(v) for k, v in row["attributes"] or []) + 2 * len(row["message_id"])
-                key = (topic, row["message_id"])
+            for i, (topic, message_id, nbytes) in enumerate(zip(topics, ids, sizes)):
+                size = (nbytes or 0) + 2 * len(message_id)
+                key = (topic, message_id)
                 old = self._rows.pop(key, None)
                 if old is not None:
                     self._bytes -= old[1]
-                self._rows[key] = (row, size)
+                self._rows[key] = ((table, i), size)
                 self._bytes += size
             while self._bytes > self.max_bytes and self._rows:
                 _, (_, size) = self._rows.popitem(last=False)
@@ -61,13 +67,19 @@ class PayloadCache:
         """(cached rows by message id, the ids not cached, in the given order)."""
         found: dict[str, dict[str, Any]] = {}
         missing: list[str] = []
+        by_table: dict[int, tuple[pa.Table, list[int]]] = {}
         with self._lock:
             for m in message_ids:
                 hit = self._rows.get((topic_uid, m))
                 if hit is None:
                     missing.append(m)
                 else:
-                    found[m] = hit[0]
+                    table, i = hit[0]
+                    by_table.setdefault(id(table), (table, []))[1].append(i)
+        for table, rows in by_table.values():  # one take and conversion per append
+            for row in table.take(pa.array(rows, pa.int64())).to_pylist():
+                found[row["message_id"]] = row
+        with self._lock:
             self.hits += len(found)
         return found, missing
 

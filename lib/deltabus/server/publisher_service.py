@@ -77,7 +77,7 @@ class PublisherService:
         if not request.messages:
             raise InvalidArgument("messages", "at least one message is required")
         messages = []
-        for i, m in enumerate(request.messages):
+        for i, m in enumerate(convert.raw(request).messages):
             d = convert.message_request(m)
             size = check_message(d["data"], d["attributes"], d["ordering_key"], where=f"messages[{i}]")
             messages.append(OutgoingMessage(d["data"], d["attributes"], d["ordering_key"], size))

@@ -417,18 +417,28 @@ def _spawn(s: _Stream, coro: Any) -> None:
     task.add_done_callback(done)
 
 
-def _responses(received: Sequence[pb.ReceivedMessage], props: pb.StreamingPullResponse.SubscriptionProperties, sizes: Sequence[int]) -> list[pb.StreamingPullResponse]:
+_RAW_RESPONSE = pb.StreamingPullResponse.pb()
+_RAW_PROPERTIES = pb.StreamingPullResponse.SubscriptionProperties.pb()
+
+
+def _responses(received: Sequence[Any], props: Any, sizes: Sequence[int]) -> list[pb.StreamingPullResponse]:
+    """Responses under RESPONSE_LIMIT of the raw ReceivedMessages `received` (``convert.received_raw``),
+    each with the raw SubscriptionProperties `props`, wrapped as proto-plus once each."""
     out: list[pb.StreamingPullResponse] = []
-    chunk: list[pb.ReceivedMessage] = []
+    chunk: list[Any] = []
     total = 0
+
+    def close() -> None:
+        out.append(pb.StreamingPullResponse.wrap(_RAW_RESPONSE(received_messages=chunk, subscription_properties=props)))
+
     for m, size in zip(received, sizes):
         if chunk and total + size > RESPONSE_LIMIT:
-            out.append(pb.StreamingPullResponse(received_messages=chunk, subscription_properties=props))
+            close()
             chunk, total = [], 0
         chunk.append(m)
         total += size
     if chunk:
-        out.append(pb.StreamingPullResponse(received_messages=chunk, subscription_properties=props))
+        close()
     return out
 
 
@@ -490,15 +500,14 @@ async def handle_streaming_pull(
                 if granted.messages:
                     counted = hub.seek_epoch(name) == epoch  # else a seek ran meanwhile: sent, not counted
                     s.exactly_once = granted.exactly_once  # what these responses tell the client
-                    props = pb.StreamingPullResponse.SubscriptionProperties(
-                        message_ordering_enabled=s.ordering, exactly_once_delivery_enabled=s.exactly_once)
+                    props = _RAW_PROPERTIES(message_ordering_enabled=s.ordering, exactly_once_delivery_enabled=s.exactly_once)
                     received, sizes = [], []
                     for m in granted.messages:
                         size = m.message.size
                         if counted:
                             s.flow.leased(m.ack_id, size, granted.lease_end)
                             hub.own(s, m.ack_id, granted.lease_end)
-                        received.append(convert.received_to_proto(
+                        received.append(convert.received_raw(
                             m.ack_id, m.message.data, m.message.attributes, m.message.message_id,
                             m.message.publish_time, m.message.ordering_key, m.delivery_attempt))
                         sizes.append(size + len(m.ack_id) + len(m.message.message_id) + len(m.message.ordering_key) + MESSAGE_OVERHEAD)
