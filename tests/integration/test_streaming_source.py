@@ -420,7 +420,9 @@ def test_one_running_query_per_consumer_and_a_run_taken_over_stops(pub, sub, top
                                                  "heartbeat": time.time()}))
     started = time.time()
     b = _Runtime(opts)
-    assert time.time() - started < 2 and b.latest()["batch"] == 0
+    assert time.time() - started < 2
+    b.known = 0  # as Spark's initialOffset (before it, an idle latest makes an empty batch: policy.idle_offer)
+    assert b.latest()["batch"] == 0
     b.stop()
 
 
@@ -550,3 +552,53 @@ def test_the_idempotent_sink_skips_a_replay_and_refuses_an_app_id_another_checkp
     with pytest.raises(FailedPrecondition, match="app_id 'q'.*one app_id per checkpoint"):
         write(batch("c"), 0)
     assert sorted(r["message_id"] for r in _sink_rows(sink)) == ["a", "b"]
+
+
+def test_available_now_order_never_offers_another_checkpoints_batch(pub, sub, topic, warehouse):
+    """Trigger.AvailableNow calls latestOffset before initialOffset and the restart probe.
+    Checkpoint X stops after batch 2; checkpoint Y leaves batch 4 planned, uncommitted; X
+    resumes with AvailableNow and nothing new to read. Its first latestOffset must not offer
+    Y's batch 4 (planning it from 2 was a LineageConflict): it makes an empty batch, whose
+    plan commits X's 2 and hands Y's 4 back. Errors of plan name the consumer and subscription."""
+    import pyarrow.parquet as pq
+
+    from deltabus.errors import FailedPrecondition
+    from deltabus.spark.streaming import _Runtime
+
+    s = sub.subscription_path("local", "available-now")
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=60)
+    opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "pullWaitSeconds": "0"})
+
+    def ids(parts):
+        return sorted(r["message_id"] for p in parts for r in pq.read_table(p.path).to_pylist())
+
+    x = _Runtime(opts)
+    pub.publish_batch(topic, [{"data": b"1"}] * 2)
+    one = x.latest()
+    x.partitions(x.offset(0), one)
+    pub.publish_batch(topic, [{"data": b"2"}] * 2)
+    two = x.latest()
+    in_two = ids(x.partitions(one, two))
+    x.stop()
+    y = _Runtime(opts)
+    pub.publish_batch(topic, [{"data": b"3"}] * 2)
+    three = y.latest()
+    y.partitions(y.offset(0), three)
+    pub.publish_batch(topic, [{"data": b"4"}] * 2)
+    four = y.latest()
+    in_four = ids(y.partitions(three, four))
+    y.stop()
+    x = _Runtime(opts)
+    target = x.latest()  # AvailableNow's first call: X's runtime does not know X is at 2
+    assert target["batch"] not in (2, 4) and target["batch"] == x.ledger.next - 1
+    assert x.partitions(two, two) == []  # the restart probe
+    assert x.partitions(two, target) == []  # the empty batch; Y's 4 is handed back
+    x.commit(target)
+    five = x.latest()
+    # Y's 4 holds its own 2 and X's batch 2 (which Y's new lineage handed back): all come to X now.
+    assert ids(x.partitions(target, five)) == in_four and len(in_four) == 4 and set(in_two) <= set(in_four)
+    with pytest.raises(FailedPrecondition, match=r"consumer 'default' of .*available-now: batch 99 is not in the ledger"):
+        x.partitions(five, x.offset(99))
+    x.commit(five)
+    x.stop()
+    assert sub.get_backlog(s).num_unacked_messages == 0

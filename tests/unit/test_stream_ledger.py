@@ -416,3 +416,24 @@ def test_since_is_the_time_of_the_attempt_that_won(tmp_path):
     stale = time.time() - 60
     os.utime(a.beat_path, (stale, stale))
     assert b.try_acquire() is None and b.since is not None and b.since >= freed
+
+
+def test_taking_the_lock_cleans_a_killed_owners_temporary_files_only(tmp_path):
+    """A SIGKILL between a temporary file and its rename leaves it: the next owner removes
+    state.json's and a manifest's, and heartbeat files of runs gone long ago; a waiting
+    acquirer's owner.json.tmp-* and heartbeat file stay (it still links and renews them)."""
+    import os
+    import time
+
+    (tmp_path / "state.json.tmp-dead").write_text("{}")
+    (tmp_path / ".m-3.tmp-dead").mkdir()
+    (tmp_path / ".m-3.tmp-dead" / "part-00000.parquet").write_bytes(b"x")
+    (tmp_path / "owner.json.tmp-waiting").write_text("{}")
+    (tmp_path / "heartbeat-waiting.touch").write_text("")
+    (tmp_path / "heartbeat-gone.touch").write_text("")
+    old = time.time() - 3600
+    os.utime(tmp_path / "heartbeat-gone.touch", (old, old))
+    a = _lock(tmp_path, "A")
+    assert a.try_acquire() is None
+    assert sorted(os.listdir(tmp_path)) == ["heartbeat-A.touch", "heartbeat-waiting.touch", "owner.json",
+                                            "owner.json.tmp-waiting"]

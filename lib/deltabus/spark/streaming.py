@@ -628,6 +628,10 @@ class _Runtime:
                     f"consumer {self.opts.consumer!r} of {self.opts.subscription}: {err} (one checkpoint per consumer "
                     "option: a query planning another query's batch could ack what that query has not committed)"
                 ) from None
+            except (LookupError, ValueError) as err:  # a batch not in the ledger, or offsets out of order
+                from ..errors import FailedPrecondition
+
+                raise FailedPrecondition(f"consumer {self.opts.consumer!r} of {self.opts.subscription}: {err}") from None
             self._save(policy.drop(ledger, gone))  # recorded before Spark reads it
             self.known = e
             files = manifest_files(self.dir, e)
