@@ -354,7 +354,7 @@ class _Runtime:
         self._stop = threading.Event()  # the leaser's
         self._stop_beat = threading.Event()  # the heartbeat's
         self._take_ownership()
-        # The heartbeat has its own thread: a slow lease extension must not let owner.json go stale.
+        # The heartbeat has its own thread: a slow lease extension must not let the lock go stale.
         self._beater = threading.Thread(target=self._beat, name=f"deltabus-stream-owner-{opts.consumer}", daemon=True)
         self._beater.start()
         try:
