@@ -12,7 +12,8 @@ Two ways to run them:
   every selected scenario of every such module, in module order, ``EARLY_PARALLEL`` at a time
   (1: one scenario, about a core, beside the ~600 s of the other tests, which the pytest
   process runs on the other core; two scenarios beside them overloaded the cores and made
-  timing-bound tests fail in a trial). ``arrange`` runs those modules
+  timing-bound tests fail in a trial). A test whose scenario is still queued when it asks
+  runs it itself (``Scenarios.result``): the pytest process never idles while work waits. ``arrange`` runs those modules
   after all others, so their tests find their scenarios done. Only scenarios that run their
   own processes go early: in-process ones would log into other tests' caplog.
 - Within the module (``start_selected`` from a module fixture): its scenarios start, two at a
@@ -66,50 +67,79 @@ REPORTS = "DELTABUS_TEST_REPORTS"
 
 
 class Scenarios:
-    """Threads running scenarios, keyed by the name of the test that checks each."""
+    """Scenarios run by threads taking turns for a slot, keyed by the name of the test that
+    checks each. With ``steal``, a test asking for a scenario that is still queued runs it
+    itself, at once: its thread would only wait otherwise, and the slots stay with the queue.
+    That balances the early lane and the pytest process by themselves: the pytest process
+    never idles while scenarios wait for a slot. (Not within a module: its PARALLEL slots
+    already fill the two cores while its tests wait.)"""
 
-    def __init__(self, parallel: int = PARALLEL) -> None:
+    def __init__(self, parallel: int = PARALLEL, *, steal: bool = False) -> None:
+        self._steals = steal  # False: a test waits for its scenario's turn
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, threading.Event] = {}
+        self._done: dict[str, threading.Event] = {}
         self._start_times: dict[str, float] = {}
         self._end_times: dict[str, float] = {}
         self._cancelled = threading.Event()
         self._errors: dict[str, BaseException] = {}
         self._values: dict[str, Any] = {}
         self._slots = threading.Semaphore(parallel)
+        self._claims = threading.Lock()
+        self._claimed: set[str] = set()
+        self._steal: dict[str, Callable[[], None]] = {}
+        self.run_by_their_tests: set[str] = set()
 
     def __contains__(self, name: str) -> bool:
         return name in self._threads
 
+    def _claim(self, name: str) -> bool:
+        """True for the one caller (a slot's thread or the scenario's test) that runs `name`."""
+        with self._claims:
+            if name in self._claimed:
+                return False
+            self._claimed.add(name)
+            return True
+
+    def _run(self, name: str, scenario: Scenario, tmp: Path) -> None:
+        self._start_times[name] = time.monotonic()
+        self._started[name].set()
+        try:
+            if self._cancelled.is_set():  # the session is ending: queued scenarios do not start
+                raise RuntimeError(f"scenario {name} not started: the session ended")
+            self._values[name] = scenario(tmp)
+        except BaseException as exc:  # re-raised by the test that owns the scenario
+            self._errors[name] = exc
+        finally:
+            self._end_times[name] = time.monotonic()
+            self._done[name].set()
+
     def start(self, name: str, scenario: Scenario, tmp: Path) -> None:
-        started = self._started[name] = threading.Event()
+        self._started[name] = threading.Event()
+        self._done[name] = threading.Event()
 
         def body() -> None:
             with self._slots:  # the others wait for a slot
-                self._start_times[name] = time.monotonic()
-                started.set()
-                if self._cancelled.is_set():  # the session is ending: queued scenarios do not start
-                    self._errors[name] = RuntimeError(f"scenario {name} not started: the session ended")
-                    return
-                try:
-                    self._values[name] = scenario(tmp)
-                except BaseException as exc:  # re-raised by the test that owns the scenario
-                    self._errors[name] = exc
-                finally:
-                    self._end_times[name] = time.monotonic()
+                if self._claim(name):
+                    self._run(name, scenario, tmp)
 
+        def steal() -> None:  # by the scenario's test, in its own thread
+            self.run_by_their_tests.add(name)
+            self._run(name, scenario, tmp)
+
+        self._steal[name] = steal
         thread = threading.Thread(target=body, name=f"scenario-{name}", daemon=True)
         self._threads[name] = thread
         thread.start()
 
     def result(self, name: str, timeout: float = SCENARIO_TIMEOUT) -> Any:
-        """Wait for `name`'s scenario (at most `timeout` s from its start) and raise what it
-        raised, or return what it returned. (Waiting for it to start is bounded by the test's
-        own timeout: those queued before it each have their own limit.)"""
+        """Run `name`'s scenario here if it is still queued; else wait for it (at most `timeout`
+        s from its start). Raise what it raised, or return what it returned."""
+        if self._steals and self._claim(name):
+            self._steal[name]()
         self._started[name].wait()
-        thread = self._threads[name]
-        thread.join(max(0.0, self._start_times[name] + timeout - time.monotonic()))
-        assert not thread.is_alive(), f"scenario {name} still running after {timeout:g} s"
+        done = self._done[name].wait(max(0.0, self._start_times[name] + timeout - time.monotonic()))
+        assert done, f"scenario {name} still running after {timeout:g} s"
         if name in self._errors:
             raise self._errors[name]
         return self._values.get(name)
@@ -126,7 +156,7 @@ class Scenarios:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-EARLY = Scenarios(EARLY_PARALLEL)
+EARLY = Scenarios(EARLY_PARALLEL, steal=True)
 _ENV: dict[str, str] = {}
 
 

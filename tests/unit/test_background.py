@@ -84,3 +84,32 @@ def test_a_session_of_only_out_of_process_tests_runs_them_in_place(pytester: pyt
     pytester.makepyfile(test_probe="OUT_OF_PROCESS = True\n\ndef test_here():\n"
                         "    import os\n    assert 'DELTABUS_TEST_INNER' not in os.environ\n")
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=").assert_outcomes(passed=1)
+
+
+def test_a_scenario_still_queued_runs_in_the_thread_of_the_test_that_asks(tmp_path) -> None:
+    import threading
+
+    lanes = background.Scenarios(parallel=1, steal=True)
+    release = threading.Event()
+    ran_in: dict[str, str] = {}
+
+    def slow(tmp):
+        ran_in["slow"] = threading.current_thread().name
+        assert release.wait(30)
+        return "slow done"
+
+    def queued(tmp):
+        ran_in["queued"] = threading.current_thread().name
+        raise ValueError("queued failed")
+
+    lanes.start("slow", slow, tmp_path)
+    lanes.start("queued", queued, tmp_path)
+    while "slow" not in ran_in:  # the slow one holds the only slot
+        threading.Event().wait(0.01)
+    with pytest.raises(ValueError, match="queued failed"):
+        lanes.result("queued")  # does not wait for the slot: runs here
+    assert ran_in["queued"] == threading.current_thread().name and lanes.run_by_their_tests == {"queued"}
+    release.set()
+    assert lanes.result("slow") == "slow done" and ran_in["slow"] == "scenario-slow"
+    lanes.join_all(10)
+    assert [name for name, _, _ in lanes.timeline()] == ["slow", "queued"]
