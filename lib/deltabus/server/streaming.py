@@ -33,11 +33,13 @@ Contract.
   id is acked or nacked (on the stream, or by a unary Acknowledge / ModifyAckDeadline,
   which go through ``StreamHub`` too: it maps every outstanding ack id to its stream) or
   its lease runs out; an extension moves its end.
-- **Wake-ups, no per-stream polling.** A stream that got nothing waits on its own event.
+- **Wake-ups, no per-stream polling.** A stream that got nothing, or whose round leased
+  all there was (``Granted.more`` False), waits on its own event.
   It is set by (1) the server's own Publish commits (``StreamHub.published(topic_uid)``:
   the streams of that topic); (2) ONE watcher thread per server, following the messages
   table's log through the process's ``watch.LogWatcher`` (other writers' publishes; a
-  stat of the log every 20 ms); (3) a nack through the hub (the streams of that
+  stat of the log every 20 ms; versions this server appended itself wake nobody, since
+  (1) did: ``own_commits``); (3) a nack through the hub (the streams of that
   subscription, after the nack's round); (4) its own acks freeing flow room, and with
   message ordering the ack's commit too (until then the acked messages hold their keys,
   so a lease asked at once finds nothing of them). Measured through subscribe() with 3
