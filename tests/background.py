@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -68,8 +69,9 @@ REPORTS = "DELTABUS_TEST_REPORTS"
 
 class Scenarios:
     """Scenarios run by threads taking turns for a slot, keyed by the name of the test that
-    checks each. With ``steal``, a test asking for a scenario that is still queued runs it
-    itself, at once: its thread would only wait otherwise, and the slots stay with the queue.
+    checks each. With ``steal``, a test asking for a scenario that is still queued starts it
+    at once, beside the slots (the test's thread would only wait otherwise), and waits for it
+    with the same limit.
     That balances the early lane and the pytest process by themselves: the pytest process
     never idles while scenarios wait for a slot. (Not within a module: its PARALLEL slots
     already fill the two cores while its tests wait.)"""
@@ -123,9 +125,9 @@ class Scenarios:
                 if self._claim(name):
                     self._run(name, scenario, tmp)
 
-        def steal() -> None:  # by the scenario's test, in its own thread
+        def steal() -> None:  # for the scenario's test, at once, beside the slots
             self.run_by_their_tests.add(name)
-            self._run(name, scenario, tmp)
+            threading.Thread(target=self._run, args=(name, scenario, tmp), name=f"scenario-{name}-now", daemon=True).start()
 
         self._steal[name] = steal
         thread = threading.Thread(target=body, name=f"scenario-{name}", daemon=True)
@@ -146,14 +148,18 @@ class Scenarios:
 
     def timeline(self) -> list[tuple[str, float, float]]:
         """(name, start, end) of every scenario that ended, on the monotonic clock, by start."""
-        return sorted(((n, self._start_times[n], e) for n, e in self._end_times.items()), key=lambda r: r[1])
+        ended = dict(self._end_times)  # scenario threads may still be ending
+        return sorted(((n, self._start_times[n], e) for n, e in ended.items()), key=lambda r: r[1])
 
     def join_all(self, timeout: float) -> None:
-        """Start nothing more and wait, `timeout` s in all, for what is running."""
+        """Start nothing more and wait, `timeout` s in all, for what is running; then interrupt
+        the out-of-process runs still going (their tests' fixtures stop what they started)."""
         self._cancelled.set()
         deadline = time.monotonic() + timeout
-        for thread in self._threads.values():
+        for thread in list(self._threads.values()):
             thread.join(max(0.0, deadline - time.monotonic()))
+        for child in list(_CHILDREN):
+            _interrupt(child)
 
 
 EARLY = Scenarios(EARLY_PARALLEL, steal=True)
@@ -224,6 +230,10 @@ def arrange(items: list[pytest.Item]) -> None:
     items[:] = first + rest + early + stand_ins
 
 
+# What a stand-in asks for: early_background and what it needs, and the session's autouse one.
+_STAND_IN_FIXTURES = {"early_background", "_start_early_background", "request", "tmp_path_factory"}
+
+
 def _stand_in(item: pytest.Item, run: str) -> pytest.Function:
     nodeid = item.nodeid
 
@@ -240,12 +250,36 @@ def _stand_in(item: pytest.Item, run: str) -> pytest.Function:
     # name carries the parameters ("test_x[delta-rs]"): the stand-in's node id is the test's.
     function = pytest.Function.from_parent(parent, name=item.name, callobj=callobj)
     assert function.nodeid == nodeid, (function.nodeid, nodeid)
+    # The stand-in sits where the test does, so module and class marks and autouse fixtures
+    # apply to it too: an xfail would turn the run's failure into an expected one, a fixture
+    # would set up beside the run what the run sets up itself. Such modules run in place.
+    marks = {mark.name for mark in function.iter_markers()} & {"skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
+    fixtures = set(function.fixturenames) - _STAND_IN_FIXTURES
+    if marks or fixtures:
+        raise pytest.UsageError(f"{nodeid}: OUT_OF_PROCESS modules cannot have module or class marks "
+                                f"{sorted(marks)} or autouse fixtures {sorted(fixtures)}; run it in place")
     function.add_marker(pytest.mark.timeout(OUT_OF_PROCESS_TIMEOUT + 60))
     return function
 
 
+_CHILDREN: set[subprocess.Popen[bytes]] = set()  # out-of-process runs going on
+
+
+def _interrupt(child: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """Stop a child pytest as Ctrl-C would, so its tests' fixtures stop the processes they
+    started (a SIGKILL would leave their JVMs and servers behind); SIGKILL after `grace` s."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(grace)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 def run_out_of_process(nodeids: list[str], tmp: Path) -> dict[str, Any]:
-    """Run `nodeids` in a pytest process of their own; their reports by node id, and its log."""
+    """Run `nodeids` in a pytest process of their own: their reports by node id, its log, its
+    exit code, and whether it ran out of time. Each test's outcome comes from its own reports."""
     reports, log = tmp / "reports.jsonl", tmp / "pytest.log"
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.out_of_process",
@@ -256,19 +290,32 @@ def run_out_of_process(nodeids: list[str], tmp: Path) -> dict[str, Any]:
     environment = env() | {INNER: "1", REPORTS: str(reports)}
     # tests.out_of_process from this repository, whichever rootdir the session has
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
+    timed_out = False
     with log.open("wb") as out:
-        subprocess.run(command, cwd=(_ROOTDIR or [ROOT])[0], env=environment, stdout=out, stderr=subprocess.STDOUT,
-                       timeout=OUT_OF_PROCESS_TIMEOUT - 20, check=False)
+        child = subprocess.Popen(command, cwd=(_ROOTDIR or [ROOT])[0], env=environment, stdout=out, stderr=subprocess.STDOUT)
+        _CHILDREN.add(child)
+        try:
+            child.wait(OUT_OF_PROCESS_TIMEOUT - 60)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _interrupt(child)
+        finally:
+            _interrupt(child)  # a test interrupted the wait: do not leave the run behind
+            _CHILDREN.discard(child)
     found: dict[str, list[dict[str, Any]]] = {}
     if reports.exists():
-        for line in reports.read_text().splitlines():
-            record = json.loads(line)
+        for line in reports.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # the last line, cut by the run's end: its test shows as incomplete
+                continue
             found.setdefault(record["nodeid"], []).append(record)
-    return {"reports": found, "log": log}
+    return {"reports": found, "log": log, "returncode": child.returncode, "timed_out": timed_out}
 
 
 def outcome(result: dict[str, Any], nodeid: str, run: str) -> None:
-    """Give this test the outcome its out-of-process run reported for it."""
+    """Give this test the outcome its out-of-process run reported for it: a failure or skip as
+    reported; a pass only when its setup, call and teardown all reported and passed."""
     records: list[dict[str, Any]] = result["reports"].get(nodeid, [])
     log: Path = result["log"]
     for record in records:
@@ -281,10 +328,12 @@ def outcome(result: dict[str, Any], nodeid: str, run: str) -> None:
             if "wasxfail" in record:
                 pytest.xfail(record["wasxfail"])
             pytest.skip(record["reason"])
-    if not any(r["when"] == "call" and r["outcome"] == "passed" for r in records):
+    phases = {r["when"] for r in records if r["outcome"] == "passed"}
+    if phases != {"setup", "call", "teardown"}:
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-        pytest.fail(f"{nodeid} did not complete in the {run} run; the end of its log ({log}):\n{tail}",
-                    pytrace=False)
+        why = "ran out of time" if result["timed_out"] else f"exited with {result['returncode']}"
+        pytest.fail(f"{nodeid} did not complete in the {run} run, which {why} (phases passed: "
+                    f"{sorted(phases) or 'none'}); the end of its log ({log}):\n{tail}", pytrace=False)
 
 
 def waits_for_environment(item: pytest.Item) -> bool:

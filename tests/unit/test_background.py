@@ -48,6 +48,23 @@ class TestInAClass:
         assert tmp_path.is_dir()
 '''
 
+CRASH = '''
+import os
+import pytest
+
+OUT_OF_PROCESS = True
+
+
+@pytest.fixture
+def dies_after():
+    yield
+    os._exit(0)
+
+
+def test_teardown_kills_the_run(dies_after):
+    pass
+'''
+
 IN_PLACE = '''
 def test_here():
     import os
@@ -60,9 +77,9 @@ def test_each_test_of_an_out_of_process_run_gets_its_own_outcome(pytester: pytes
     monkeypatch.setenv("PYTHONPATH", str(background.ROOT))
     pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems, early_background, "
                           "_start_early_background, pytest_terminal_summary\n")
-    pytester.makepyfile(test_probe=PROBE, test_in_place=IN_PLACE)
+    pytester.makepyfile(test_probe=PROBE, test_in_place=IN_PLACE, test_crash=CRASH)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "-o", "addopts=")
-    result.assert_outcomes(passed=4, failed=3, skipped=1)
+    result.assert_outcomes(passed=4, failed=4, skipped=1)
     text = result.stdout.str()
     for line in ("PASSED test_probe.py::test_runs_in_a_process_of_its_own",
                  "PASSED test_probe.py::test_parametrized[a]",
@@ -74,6 +91,21 @@ def test_each_test_of_an_out_of_process_run_gets_its_own_outcome(pytester: pytes
     assert "AssertionError: one is not two" in text and "seen in the failure" in text
     assert "RuntimeError: the fixture broke" in text and "the reason given" in text
     assert "out of process: test_probe" in text  # the background summary names the run
+    # The run died in the test's teardown: no teardown report, so no pass.
+    assert "FAILED test_crash.py::test_teardown_kills_the_run" in text
+    assert "did not complete in the out of process: test_crash run" in text
+
+
+def test_a_module_whose_marks_would_apply_to_its_stand_ins_is_refused(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(background.INNER, raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(background.ROOT))
+    pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems, early_background, "
+                          "_start_early_background\n")
+    pytester.makepyfile(test_strict="import pytest\nOUT_OF_PROCESS = True\npytestmark = pytest.mark.xfail(strict=True)\n\n"
+                        "def test_passes():\n    pass\n", test_other="def test_other():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "OUT_OF_PROCESS modules cannot have module or class marks ['xfail']" in result.stderr.str()
 
 
 def test_a_session_of_only_out_of_process_tests_runs_them_in_place(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,7 +118,7 @@ def test_a_session_of_only_out_of_process_tests_runs_them_in_place(pytester: pyt
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=").assert_outcomes(passed=1)
 
 
-def test_a_scenario_still_queued_runs_in_the_thread_of_the_test_that_asks(tmp_path) -> None:
+def test_a_scenario_still_queued_starts_at_once_when_its_test_asks(tmp_path) -> None:
     import threading
 
     lanes = background.Scenarios(parallel=1, steal=True)
@@ -108,7 +140,7 @@ def test_a_scenario_still_queued_runs_in_the_thread_of_the_test_that_asks(tmp_pa
         threading.Event().wait(0.01)
     with pytest.raises(ValueError, match="queued failed"):
         lanes.result("queued")  # does not wait for the slot: runs here
-    assert ran_in["queued"] == threading.current_thread().name and lanes.run_by_their_tests == {"queued"}
+    assert ran_in["queued"] == "scenario-queued-now" and lanes.run_by_their_tests == {"queued"}
     release.set()
     assert lanes.result("slow") == "slow done" and ran_in["slow"] == "scenario-slow"
     lanes.join_all(10)
