@@ -437,3 +437,38 @@ def test_taking_the_lock_cleans_a_killed_owners_temporary_files_only(tmp_path):
     assert a.try_acquire() is None
     assert sorted(os.listdir(tmp_path)) == ["heartbeat-A.touch", "heartbeat-waiting.touch", "owner.json",
                                             "owner.json.tmp-waiting"]
+
+
+def test_the_failure_listener_nacks_a_run_failing_right_after_its_first_trigger(tmp_path):
+    """Review S4: the failed run's own "since" is set inside its first trigger, after that
+    trigger's progress timestamp (its start). A run completing batch 1 and failing in the next
+    trigger while its owner.json is still present had since > last progress, and its batches
+    were not nacked. The listener now compares the trigger's end (timestamp + triggerExecution)."""
+    import json
+    import time
+
+    from deltabus.policy.stream_ledger import Ledger
+    from deltabus.spark.streaming import failed_batches, progress_end, progress_time
+
+    assert progress_end("2026-11-27T03:05:45.250Z", {"triggerExecution": 1750}, 0.0) == 1795748747.0
+    assert progress_end("2026-11-27T03:05:45.250Z", {}, 7.0) == 7.0  # no duration: the listener's clock
+    assert progress_end("2026-11-27T03:05:45.250Z", {"triggerExecution": True}, 7.0) == 7.0
+    assert progress_end(None, {"triggerExecution": 5}, 7.0) == 7.0
+    directory = tmp_path / "_streams" / "uid" / "c"
+    directory.mkdir(parents=True)
+    (directory / "state.json").write_text(json.dumps(Ledger(next=3, batches={2: PENDING}).to_json()))
+    trigger_start = time.time()
+    time.sleep(0.02)
+    run = _lock(directory, "failed")
+    assert run.try_acquire() is None and run.since is not None and run.since > trigger_start  # inside trigger 1
+    time.sleep(0.02)
+    took_ms = int((time.time() - trigger_start) * 1000) + 1
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(trigger_start)) + f".{int(trigger_start % 1 * 1000):03d}Z"
+    start = progress_time(stamp, 0.0)
+    assert start <= trigger_start < run.since  # the start alone would skip the nack
+    end = progress_end(stamp, {"triggerExecution": took_ms}, 0.0)
+    assert end >= run.since
+    assert failed_batches(str(directory), 1, end) == [2]  # its own owner.json still present: nacked
+    assert failed_batches(str(directory), 1, start) == []  # what the start alone decided
+    run.release()
+    assert failed_batches(str(directory), 1, start) == [2]  # released: nobody owns it

@@ -1170,9 +1170,12 @@ def _nack_on_failure() -> Any:
         failing before any batch of the run completed is not seen (no progress event):
         its leases lapse.
 
-        With each end it keeps the progress's own timestamp, not the time the (asynchronous)
-        listener ran: a new run that took the ledger after it is a later owner whose live
-        batches are not the failed run's to nack, however late the listener gets to them."""
+        With each end it keeps the end of the trigger that completed it (the progress's
+        timestamp, the trigger's start, plus its triggerExecution duration), not the time the
+        (asynchronous) listener ran: a new run that took the ledger after it is a later owner
+        whose live batches are not the failed run's to nack, however late the listener gets to
+        them. The end, not the start: the failed run's own "since" is set inside its first
+        trigger, so it is after that trigger's start but never after its end."""
 
         def __init__(self) -> None:
             self.ends: dict[str, dict[tuple[str, str, str], tuple[int, float]]] = {}
@@ -1188,7 +1191,8 @@ def _nack_on_failure() -> Any:
                     continue
                 if isinstance(end, dict) and {"batch", "consumer", "sub", "warehouse"} <= set(end):
                     key = (str(end["warehouse"]), str(end["sub"]), str(end["consumer"]))
-                    at = progress_time(getattr(event.progress, "timestamp", None), time.time())
+                    at = progress_end(getattr(event.progress, "timestamp", None),
+                                      getattr(event.progress, "durationMs", None), time.time())
                     self.ends.setdefault(str(event.progress.runId), {})[key] = (int(end["batch"]), at)
 
         def onQueryIdle(self, event: Any) -> None:
@@ -1223,10 +1227,36 @@ def progress_time(stamp: Any, default: float) -> float:
     return parsed.timestamp()
 
 
+def progress_end(stamp: Any, duration_ms: Any, default: float) -> float:
+    """When the trigger of a StreamingQueryProgress ended: its `timestamp` (the trigger's
+    start) plus its durationMs["triggerExecution"]; `default` (the listener's own clock,
+    later than the end) when either is missing or not one."""
+    start = progress_time(stamp, math.nan)
+    took = duration_ms.get("triggerExecution") if isinstance(duration_ms, Mapping) else None
+    if math.isnan(start) or not isinstance(took, (int, float)) or isinstance(took, bool) or not took >= 0:
+        return default
+    return start + took / 1000.0
+
+
+def failed_batches(directory: str, after: int, last_progress: float) -> list[int]:
+    """The live batches above `after` (a failed query's last completed batch) of the ledger in
+    `directory` that are the failed run's to nack: none when the ledger's current owner took
+    it after `last_progress` (the end of the failed run's last completed trigger: a later
+    owner is another run, whose live batches these are now). The failed run's own owner.json,
+    still present when the listener runs before the run's stop() released it, has a "since"
+    inside the run's first trigger, so at or before that end: its batches are nacked."""
+    state = os.path.join(directory, "state.json")
+    if not os.path.exists(state) or _owned_since(os.path.join(directory, "owner.json")) > last_progress:
+        return []
+    with open(state) as f:
+        ledger = policy.Ledger.from_json(json.load(f))
+    return policy.failed_after(ledger, after)  # this run's batches only, not another checkpoint's
+
+
 def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, last_progress: float) -> int:
     """Nack the rows of the live batches above `after` (a query's last completed batch) of a
-    ledger, unless the ledger's owner took it after `last_progress` (the failed run's last
-    progress: a later owner is another run, whose live batches these are now); return how
+    ledger, unless the ledger's owner took it after `last_progress` (the end of the failed
+    run's last completed trigger; see failed_batches); return how
     many rows were nacked. The batches stay in the ledger (a restart replays them; re-pulled
     rows are absorbed)."""
     import pyarrow.parquet as pq
@@ -1238,13 +1268,8 @@ def nack_failed(warehouse: str, sub_uid: str, consumer: str, after: int, last_pr
     from .. import ackid
 
     directory = os.path.join(warehouse, "_streams", sub_uid, consumer)
-    state = os.path.join(directory, "state.json")
-    if not os.path.exists(state) or _owned_since(os.path.join(directory, "owner.json")) > last_progress:
-        return 0  # a new run took the ledger after the failed run's last progress: its batches are that run's now
-    with open(state) as f:
-        ledger = policy.Ledger.from_json(json.load(f))
     refs = []
-    for n in policy.failed_after(ledger, after):  # this run's batches only, not another checkpoint's
+    for n in failed_batches(directory, after, last_progress):
         for path in manifest_files(directory, n):
             for a in pq.read_table(path, columns=["ack_id"])["ack_id"].to_pylist():
                 d = ackid.decode(a)
