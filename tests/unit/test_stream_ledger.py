@@ -472,3 +472,31 @@ def test_the_failure_listener_nacks_a_run_failing_right_after_its_first_trigger(
     assert failed_batches(str(directory), 1, start) == []  # what the start alone decided
     run.release()
     assert failed_batches(str(directory), 1, start) == [2]  # released: nobody owns it
+
+
+def test_a_file_system_refusing_flock_fails_closed_naming_the_file(tmp_path):
+    """Review S6a: an OSError from flock other than 'held' (ENOLCK, EOPNOTSUPP on FUSE or SMB)
+    made the lock carry on without it. Now it is a FailedPrecondition naming the file. The
+    refusal here is the kernel's own: flock on an O_PATH descriptor fails with EBADF."""
+    import os
+    import time
+
+    from deltabus.errors import FailedPrecondition
+    from deltabus.spark.streaming import LockBusy, _take_flock
+
+    name = str(tmp_path / "owner.json.lock")
+    open(name, "w").close()
+    fd = os.open(name, os.O_PATH)
+    try:
+        with pytest.raises(FailedPrecondition, match=r"cannot flock .*owner\.json\.lock .*must support flock"):
+            _take_flock(fd, name, time.time() + 1)
+    finally:
+        os.close(fd)
+    held, other = os.open(name, os.O_RDWR), os.open(name, os.O_RDWR)
+    try:
+        _take_flock(held, name, time.time())
+        with pytest.raises(LockBusy):  # held by another: still LockBusy after the deadline
+            _take_flock(other, name, time.time() + 0.05)
+    finally:
+        os.close(held)
+        os.close(other)

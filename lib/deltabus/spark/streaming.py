@@ -398,7 +398,11 @@ class _Runtime:
 
         give_up = time.time() + self.opts.owner_timeout + 5
         while True:
-            holder = self.owner.try_acquire()
+            try:
+                holder = self.owner.try_acquire()
+            except BaseException:  # the flock refused, say: leave no heartbeat file behind
+                self.owner.give_up()
+                raise
             if holder is None:
                 return
             if time.time() >= give_up:
@@ -778,24 +782,36 @@ def _flocked(path: str, deadline: float) -> Iterator[None]:
     process dies: never stale itself). Taken with LOCK_NB and retried until `deadline`
     (time.time()), then LockBusy: a holder stuck on storage must not hang the caller past
     its own give-up time. Its holders keep it for a re-read and a rename or removal."""
-    import fcntl
-
     fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.time() >= deadline:
-                    raise LockBusy(f"{path}.lock is held by another run") from None
-                time.sleep(0.01)
-            except OSError:
-                log.warning("owner lock %s: the file system refuses flock; going on without it", path)
-                break
+        _take_flock(fd, f"{path}.lock", deadline)
         yield
     finally:
         os.close(fd)
+
+
+def _take_flock(fd: int, name: str, deadline: float) -> None:
+    """The exclusive flock of `fd` (the file `name`), retried while another holder has it
+    until `deadline`, then LockBusy. Any other refusal (ENOLCK, EOPNOTSUPP: a FUSE or SMB
+    mount, say) fails closed with FailedPrecondition: without the lock a stale removal and a
+    write of the owner could interleave and give the ledger two writers."""
+    import fcntl
+
+    from ..errors import FailedPrecondition
+
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.time() >= deadline:
+                raise LockBusy(f"{name} is held by another run") from None
+            time.sleep(0.01)
+        except OSError as e:
+            raise FailedPrecondition(
+                f"cannot flock {name} ({e.strerror or e}): the warehouse's file system must support flock "
+                "for the deltabus stream source's owner lock (one running query per subscription and consumer)"
+            ) from e
 
 
 class OwnerLock:
@@ -904,13 +920,15 @@ class OwnerLock:
     def release(self) -> None:
         """Remove owner.json if it is still this run's (re-read under the flock, so the file of
         a run that took over meanwhile is never removed), and this run's heartbeat file."""
+        from ..errors import FailedPrecondition
+
         try:
             with _flocked(self.path, time.time() + self.timeout):
                 owner = _read_owner(self.path)
                 if owner is not None and owner.get("run") == self.run:
                     os.remove(self.path)
-        except (LockBusy, OSError):
-            log.warning("%s: owner.json not released; it expires after ownerTimeout", self.name)
+        except (LockBusy, OSError, FailedPrecondition):
+            log.warning("%s: owner.json not released; it expires after ownerTimeout", self.name, exc_info=True)
         self.give_up()
 
 
