@@ -500,3 +500,41 @@ def test_a_file_system_refusing_flock_fails_closed_naming_the_file(tmp_path):
     finally:
         os.close(held)
         os.close(other)
+
+
+def test_the_owner_s_age_is_measured_on_the_file_system_s_clock(tmp_path):
+    """Review S6b: staleness compared this host's time.time() with a heartbeat mtime a file
+    server may have set. Now the age is the acquirer's own file's fresh mtime (_fs_now) less
+    the heartbeat's: one clock. A file server an hour behind this host is played by mtimes an
+    hour in the past with fs_now from the same (past) clock."""
+    import json
+    import os
+    import time
+
+    from deltabus.spark.streaming import _fs_now, _owner_gone, _owner_stale
+
+    probe = tmp_path / "heartbeat-me.touch"
+    probe.write_text("")
+    past = time.time() - 3600
+    os.utime(probe, (past, past))
+    before = time.time()
+    assert _fs_now(str(probe)) == os.path.getmtime(probe) >= before - 1  # touched: the clock's now
+    owner = {"run": "X", "host": "another-host", "pid": 1, "beat": "heartbeat-X.touch"}
+    (tmp_path / "owner.json").write_text(json.dumps(owner))
+    beat = tmp_path / "heartbeat-X.touch"
+    beat.write_text("")
+    server_now = time.time() - 3600  # the server's clock, an hour behind this host's
+    os.utime(beat, (server_now - 1, server_now - 1))
+    path = str(tmp_path / "owner.json")
+    assert not _owner_gone(path, owner, 10.0, server_now)  # beat 1 s ago by its own clock: alive
+    assert _owner_gone(path, owner, 10.0, server_now + 12)  # 13 s: stale
+    os.utime(beat, (time.time() + 1800, time.time() + 1800))  # a server half an hour ahead
+    assert not _owner_gone(path, owner, 10.0, time.time() + 1800 + 2)
+    os.remove(beat)  # heartbeat file gone: owner.json's own mtime, same clock
+    os.utime(path, (server_now, server_now))
+    assert not _owner_gone(path, owner, 10.0, server_now + 5) and _owner_gone(path, owner, 10.0, server_now + 11)
+    (tmp_path / "owner.json").write_text("not json")  # unreadable doc: its mtime on the same clock
+    os.utime(path, (server_now, server_now))
+    assert not _owner_stale(path, None, 10.0, server_now + 5) and _owner_stale(path, None, 10.0, server_now + 11)
+    os.remove(path)
+    assert _owner_stale(path, None, 10.0, server_now)  # gone meanwhile: try again

@@ -824,7 +824,9 @@ class OwnerLock:
     owners. The heartbeat is the mtime of the run's own file ``heartbeat-<run>.touch``
     (named by "beat"), renewed with ``os.utime`` and never created by the renewal: a late
     renewal only touches its own file, or fails once the new owner removed it. Staleness:
-    that file unchanged for ownerTimeout, or the owner's process gone (same host). Every
+    that file unchanged for ownerTimeout, or the owner's process gone (same host); the age is
+    the acquirer's own file's fresh mtime less the heartbeat's (one clock: the file system's,
+    a file server's on a mount, not this host's time.time()). Every
     write to the ledger (``guard``) re-reads owner.json under the flock that stale removal
     takes, so no write of this run lands after another run's link."""
 
@@ -848,12 +850,12 @@ class OwnerLock:
         for the previous owner must not claim to have owned the ledger while it still ran."""
         with open(self.beat_path, "a"):
             pass
-        os.utime(self.beat_path)
+        fs_now = _fs_now(self.beat_path)
         since = time.time()
         holder = acquire_owner(self.path, self.doc(since), self.timeout)
         if holder is None:
             self.since = since
-            self._clean_leftovers()
+            self._clean_leftovers(fs_now)
         return holder
 
     def give_up(self) -> None:
@@ -862,10 +864,11 @@ class OwnerLock:
         except OSError:
             pass
 
-    def _clean_leftovers(self) -> None:
+    def _clean_leftovers(self, fs_now: float) -> None:
         """Temporary files of a killed owner (state.json's, a manifest's), and heartbeat files
-        of runs gone long ago. Not owner.json.tmp-*: a waiting acquirer's is still in use."""
-        old = time.time() - (2 * self.timeout + 10)  # longer than any acquirer waits (ownerTimeout + 5)
+        of runs gone long ago (ages on the file system's clock, `fs_now`). Not owner.json.tmp-*:
+        a waiting acquirer's is still in use."""
+        old = fs_now - (2 * self.timeout + 10)  # longer than any acquirer waits (ownerTimeout + 5)
         for name in os.listdir(self.dir):
             path = os.path.join(self.dir, name)
             try:
@@ -940,7 +943,8 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
     stale holder (see OwnerLock; or a "heartbeat" stamp older than `timeout` in a doc with no
     heartbeat file) is removed under an exclusive ``flock`` of ``<path>.lock`` and only after
     re-reading that the same file (inode and doc) is still the stale one, so a racer never
-    removes the file of a run that has just won."""
+    removes the file of a run that has just won. Ages are measured on the file system's clock
+    (the temporary file touched, _fs_now), the clock that set the heartbeat's mtime."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     with open(tmp, "w") as f:
         json.dump(doc, f, sort_keys=True)
@@ -955,9 +959,9 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
                 holder = _read_owner(path)
                 if holder is not None and holder.get("run") == doc["run"]:
                     return None
-                if not _owner_stale(path, holder, timeout):
+                if not _owner_stale(path, holder, timeout, _fs_now(tmp)):
                     return holder if holder is not None else {}
-                _remove_stale(path, holder, ino, timeout)
+                _remove_stale(path, holder, ino, timeout, tmp)
                 continue
             _fsync_dir(os.path.dirname(path))
             holder = _read_owner(path)
@@ -972,6 +976,14 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
             pass
 
 
+def _fs_now(probe: str) -> float:
+    """The file system's clock now: `probe` (a file of the caller's own, in the ledger's
+    directory) touched and its mtime read back. Heartbeat mtimes are set by the same clock
+    (a file server's, on a mount), so their age is measured without the local clock's skew."""
+    os.utime(probe)
+    return os.stat(probe).st_mtime
+
+
 def _inode(path: str) -> int | None:
     try:
         return os.stat(path).st_ino
@@ -979,20 +991,22 @@ def _inode(path: str) -> int | None:
         return None
 
 
-def _owner_stale(path: str, holder: Mapping[str, Any] | None, timeout: float) -> bool:
+def _owner_stale(path: str, holder: Mapping[str, Any] | None, timeout: float, fs_now: float) -> bool:
     if holder is not None:
-        return _owner_gone(path, holder, timeout)
+        return _owner_gone(path, holder, timeout, fs_now)
     try:  # unreadable (not written by acquire_owner): stale once unchanged for `timeout`
-        return time.time() - os.path.getmtime(path) > timeout
-    except OSError:
+        return fs_now - os.path.getmtime(path) > timeout
+    except FileNotFoundError:
         return True  # gone meanwhile: try again
+    except OSError:
+        return False  # cannot tell now (EIO, ESTALE): not stale; the next attempt looks again
 
 
-def _remove_stale(path: str, stale: Mapping[str, Any] | None, ino: int | None, timeout: float) -> None:
+def _remove_stale(path: str, stale: Mapping[str, Any] | None, ino: int | None, timeout: float, probe: str) -> None:
     try:
         with _flocked(path, time.time() + timeout):
             now = _read_owner(path)
-            if now != stale or _inode(path) != ino or not _owner_stale(path, now, timeout):
+            if now != stale or _inode(path) != ino or not _owner_stale(path, now, timeout, _fs_now(probe)):
                 return  # renewed, or already replaced by a racer's fresh owner: not ours to remove
             try:
                 os.remove(path)
@@ -1015,28 +1029,34 @@ def _beat_file(path: str, owner: Mapping[str, Any] | None) -> str | None:
     return os.path.join(os.path.dirname(path), name)
 
 
-def _last_beat(path: str, owner: Mapping[str, Any]) -> float | None:
-    """The owner's last heartbeat: its heartbeat file's mtime; a doc without one (written by
-    an earlier version) carries a "heartbeat" stamp; else owner.json's own mtime (it is never
-    rewritten, so a run whose heartbeat file is gone goes stale ownerTimeout after its link)."""
+def _beat_age(path: str, owner: Mapping[str, Any], fs_now: float) -> float | None:
+    """How long ago the owner last beat: `fs_now` (the file system's clock) less its heartbeat
+    file's mtime; a doc without one (written by an earlier version) carries a "heartbeat"
+    stamp of its writer's clock, compared with this host's; else owner.json's own mtime (it is
+    never rewritten, so a run whose heartbeat file is gone goes stale ownerTimeout after its
+    link). None when owner.json is gone; 0 when a file cannot be read now (not judged stale)."""
     beat = _beat_file(path, owner)
     if beat is not None:
         try:
-            return os.path.getmtime(beat)
-        except OSError:
+            return fs_now - os.path.getmtime(beat)
+        except FileNotFoundError:
             pass
+        except OSError:
+            return 0.0
     stamp = owner.get("heartbeat")
     if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and beat is None:
-        return float(stamp)
+        return time.time() - float(stamp)
     try:
-        return os.path.getmtime(path)
-    except OSError:
+        return fs_now - os.path.getmtime(path)
+    except FileNotFoundError:
         return None
+    except OSError:
+        return 0.0
 
 
-def _owner_gone(path: str, owner: Mapping[str, Any], timeout: float) -> bool:
-    beat = _last_beat(path, owner)
-    if beat is None or time.time() - beat > timeout:
+def _owner_gone(path: str, owner: Mapping[str, Any], timeout: float, fs_now: float) -> bool:
+    age = _beat_age(path, owner, fs_now)
+    if age is None or age > timeout:
         return True
     pid = owner.get("pid")
     if owner.get("host") == socket.gethostname() and isinstance(pid, int):
