@@ -538,3 +538,44 @@ def test_the_owner_s_age_is_measured_on_the_file_system_s_clock(tmp_path):
     assert not _owner_stale(path, None, 10.0, server_now + 5) and _owner_stale(path, None, 10.0, server_now + 11)
     os.remove(path)
     assert _owner_stale(path, None, 10.0, server_now)  # gone meanwhile: try again
+
+
+def test_an_owner_json_that_cannot_be_read_now_is_neither_lost_nor_stale(tmp_path):
+    """Review nit: every OSError reading owner.json counted as 'missing': a transient EIO or
+    ESTALE set `lost` for good in still_owner, and made a live owner stale for an acquirer.
+    Only a missing file or a doc that is not JSON count now; another OSError refuses the one
+    write and is read again at the next check. The OSError here is a real one: owner.json a
+    symlink to itself (ELOOP)."""
+    import errno
+    import os
+    import time
+
+    from deltabus.errors import FailedPrecondition
+    from deltabus.spark.streaming import _read_owner, acquire_owner
+
+    a = _lock(tmp_path, "A")
+    assert a.try_acquire() is None
+    path = str(tmp_path / "owner.json")
+    os.rename(path, path + ".aside")
+    os.symlink("owner.json", path)  # open() fails with ELOOP
+    with pytest.raises(OSError) as err:
+        _read_owner(path)
+    assert err.value.errno == errno.ELOOP
+    assert not a.still_owner() and a.lost is None
+    assert a.beat()  # the heartbeat goes on: the next beat reads again
+    with pytest.raises(FailedPrecondition, match="could not read .*owner.json .*nothing was written"):
+        with a.guard():
+            pytest.fail("an unconfirmed owner must not write")
+    old = time.time() - 60
+    os.utime(a.beat_path, (old, old))
+    doc = {"run": "B", "host": "h", "pid": 1, "since": time.time(), "beat": "heartbeat-B.touch"}
+    assert acquire_owner(path, doc, 3.0) == {}  # held by someone unreadable: not stale, not removed
+    assert os.path.islink(path)
+    os.remove(path)
+    os.rename(path + ".aside", path)
+    os.utime(a.beat_path)
+    assert a.still_owner() and a.lost is None and a.beat()
+    with a.guard():
+        pass
+    os.remove(path)  # gone for real: lost for good
+    assert not a.still_owner() and a.lost is not None and "removed" in a.lost and not a.beat()

@@ -414,9 +414,6 @@ class _Runtime:
                 )
             time.sleep(0.5)
 
-    def _still_owner(self) -> bool:
-        return self.owner.still_owner()
-
     def _beat(self) -> None:
         """Renew this run's heartbeat file while owner.json is still this run's."""
         interval = heartbeat_interval(self.opts.owner_timeout)
@@ -428,9 +425,9 @@ class _Runtime:
         """Before state is saved or a manifest written: this run still holds the ledger."""
         from ..errors import FailedPrecondition
 
-        if not self._still_owner():
-            assert self.lost is not None
-            raise FailedPrecondition(self.lost)
+        refused = self.owner.refusal()
+        if refused is not None:
+            raise FailedPrecondition(refused)
 
     def _release(self) -> None:
         self.owner.release()
@@ -758,12 +755,15 @@ class _Runtime:
 
 
 def _read_owner(path: str) -> dict[str, Any] | None:
+    """owner.json's doc; None when it is missing or not an owner doc (not JSON, not an
+    object). Any other OSError (EIO, ESTALE: the storage, for now) is raised: it says nothing
+    about who owns the ledger, so callers try again rather than judge the owner gone."""
     try:
         with open(path) as f:
             doc = json.load(f)
-        return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
+    except (FileNotFoundError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -882,27 +882,38 @@ class OwnerLock:
                 pass
 
     def beat(self) -> bool:
-        """Renew the heartbeat; False (and `lost` set) once this run no longer holds the lock."""
+        """Renew the heartbeat; False (and `lost` set) once this run no longer holds the lock.
+        True also when owner.json could not be read this time (the next beat reads it again)."""
         try:
             os.utime(self.beat_path)
         except FileNotFoundError:
             pass  # removed with a stale owner.json: still_owner says so
         except OSError:
             log.exception("%s: could not renew the heartbeat %s", self.name, self.beat_path)
-        return self.still_owner()
+        return self.refusal() is None or self.lost is None
 
     def still_owner(self) -> bool:
-        """Re-read owner.json: False (and `lost` set) when this run no longer holds it."""
+        """Re-read owner.json: False when this run cannot confirm it holds it (see refusal)."""
+        return self.refusal() is None
+
+    def refusal(self) -> str | None:
+        """Re-read owner.json: None when this run holds it; else why not. `lost` is set (for
+        good) only when owner.json is gone or names another run; a read that fails otherwise
+        (EIO, ESTALE) refuses this one write and is tried again at the next check."""
         if self.lost is not None:
-            return False
-        owner = _read_owner(self.path)
+            return self.lost
+        try:
+            owner = _read_owner(self.path)
+        except OSError as e:
+            log.warning("%s: could not read %s (%s); trying again at the next check", self.name, self.path, e)
+            return f"{self.name}: could not read {self.path} ({e.strerror or e}) to confirm this run owns it; nothing was written"
         if owner is not None and owner.get("run") == self.run:
-            return True
+            return None
         self.lost = (f"{self.name} was taken over by another run "
                      f"(pid {(owner or {}).get('pid')} on {(owner or {}).get('host')}; owner.json "
                      f"{'replaced' if owner else 'removed'}): this query stops using it")
         log.error("stream %s", self.lost)
-        return False
+        return self.lost
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -912,9 +923,9 @@ class OwnerLock:
 
         try:
             with _flocked(self.path, time.time() + self.timeout):
-                if not self.still_owner():
-                    assert self.lost is not None
-                    raise FailedPrecondition(self.lost)
+                refused = self.refusal()
+                if refused is not None:
+                    raise FailedPrecondition(refused)
                 yield
         except LockBusy as e:
             raise FailedPrecondition(f"{self.name}: {e} for over ownerTimeout ({self.timeout:g} s); "
@@ -956,7 +967,10 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
                 os.link(tmp, path)
             except FileExistsError:
                 ino = _inode(path)
-                holder = _read_owner(path)
+                try:
+                    holder = _read_owner(path)
+                except OSError:
+                    return {}  # held, by whom cannot be read now: not stale; the next attempt reads again
                 if holder is not None and holder.get("run") == doc["run"]:
                     return None
                 if not _owner_stale(path, holder, timeout, _fs_now(tmp)):
@@ -964,11 +978,17 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
                 _remove_stale(path, holder, ino, timeout, tmp)
                 continue
             _fsync_dir(os.path.dirname(path))
-            holder = _read_owner(path)
+            try:
+                holder = _read_owner(path)
+            except OSError:
+                return {}  # linked but not confirmed: the next attempt finds its own doc, or the holder's
             if holder is not None and holder.get("run") == doc["run"]:
                 return None
             return holder if holder is not None else {}
-        return _read_owner(path) or {}
+        try:
+            return _read_owner(path) or {}
+        except OSError:
+            return {}
     finally:
         try:
             os.remove(tmp)
@@ -1005,7 +1025,10 @@ def _owner_stale(path: str, holder: Mapping[str, Any] | None, timeout: float, fs
 def _remove_stale(path: str, stale: Mapping[str, Any] | None, ino: int | None, timeout: float, probe: str) -> None:
     try:
         with _flocked(path, time.time() + timeout):
-            now = _read_owner(path)
+            try:
+                now = _read_owner(path)
+            except OSError:
+                return  # cannot be read now: not judged stale; the caller tries again
             if now != stale or _inode(path) != ino or not _owner_stale(path, now, timeout, _fs_now(probe)):
                 return  # renewed, or already replaced by a racer's fresh owner: not ours to remove
             try:
