@@ -420,11 +420,15 @@ def test_since_is_the_time_of_the_attempt_that_won(tmp_path):
 
 def test_taking_the_lock_cleans_a_killed_owners_temporary_files_only(tmp_path):
     """A SIGKILL between a temporary file and its rename leaves it: the next owner removes
-    state.json's and a manifest's, and heartbeat files of runs gone long ago; a waiting
-    acquirer's owner.json.tmp-* and heartbeat file stay (it still links and renews them)."""
+    state.json's and a manifest's, heartbeat files of runs gone long ago, and owner.json.tmp-*
+    unchanged for ownerTimeout (a killed acquirer's, review nit); a waiting acquirer's fresh
+    owner.json.tmp-* and heartbeat file stay (it still links and renews them)."""
     import os
     import time
 
+    (tmp_path / "owner.json.tmp-killed").write_text("{}")
+    killed = time.time() - 4  # ownerTimeout is 3
+    os.utime(tmp_path / "owner.json.tmp-killed", (killed, killed))
     (tmp_path / "state.json.tmp-dead").write_text("{}")
     (tmp_path / ".m-3.tmp-dead").mkdir()
     (tmp_path / ".m-3.tmp-dead" / "part-00000.parquet").write_bytes(b"x")
@@ -579,3 +583,37 @@ def test_an_owner_json_that_cannot_be_read_now_is_neither_lost_nor_stale(tmp_pat
         pass
     os.remove(path)  # gone for real: lost for good
     assert not a.still_owner() and a.lost is not None and "removed" in a.lost and not a.beat()
+
+
+def test_an_acquirer_whose_temporary_file_was_cleaned_meanwhile_just_ends_the_attempt(tmp_path):
+    """The cleanup above may remove the owner.json.tmp-* of an acquirer that waited past
+    ownerTimeout for the flock: its attempt ends with the holder's doc (and the next attempt
+    writes a new file) instead of failing on the missing file."""
+    import json
+    import os
+    import threading
+    import time
+
+    from deltabus.spark.streaming import _flocked, acquire_owner
+
+    a = _lock(tmp_path, "A")
+    assert a.try_acquire() is None
+    old = time.time() - 60
+    os.utime(a.beat_path, (old, old))  # A looks stale: the acquirer goes for the flock to remove it
+    path = str(tmp_path / "owner.json")
+    doc = {"run": "B", "host": "h", "pid": 1, "since": time.time(), "beat": "heartbeat-B.touch"}
+    got: list[object] = []
+    with _flocked(path, time.time() + 1):
+        t = threading.Thread(target=lambda: got.append(acquire_owner(path, doc, 3.0)))
+        t.start()
+        deadline = time.time() + 5
+        while not [n for n in os.listdir(tmp_path) if n.startswith("owner.json.tmp-")] and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # waiting for the flock now
+        for n in os.listdir(tmp_path):
+            if n.startswith("owner.json.tmp-"):
+                os.remove(tmp_path / n)  # as a new owner's cleanup would
+    t.join(10)
+    assert got and got[0] is not None and got[0]["run"] == "A"  # the attempt ended: A's doc, no error
+    assert json.loads(open(path).read())["run"] == "A"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("owner.json.tmp-")]

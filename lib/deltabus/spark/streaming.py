@@ -865,9 +865,10 @@ class OwnerLock:
             pass
 
     def _clean_leftovers(self, fs_now: float) -> None:
-        """Temporary files of a killed owner (state.json's, a manifest's), and heartbeat files
-        of runs gone long ago (ages on the file system's clock, `fs_now`). Not owner.json.tmp-*:
-        a waiting acquirer's is still in use."""
+        """Temporary files of a killed owner (state.json's, a manifest's), heartbeat files of
+        runs gone long ago, and owner.json.tmp-* unchanged for ownerTimeout (a SIGKILLed
+        acquirer's: a live one's is at most one attempt old, and touched at each staleness
+        check; acquire_owner ends an attempt whose file went). Ages on the file system's clock."""
         old = fs_now - (2 * self.timeout + 10)  # longer than any acquirer waits (ownerTimeout + 5)
         for name in os.listdir(self.dir):
             path = os.path.join(self.dir, name)
@@ -877,6 +878,8 @@ class OwnerLock:
                 elif name.startswith(".m-") and ".tmp-" in name:
                     shutil.rmtree(path, ignore_errors=True)
                 elif name.startswith("heartbeat-") and path != self.beat_path and os.path.getmtime(path) < old:
+                    os.remove(path)
+                elif name.startswith("owner.json.tmp-") and os.path.getmtime(path) < fs_now - self.timeout:
                     os.remove(path)
             except OSError:
                 pass
@@ -962,29 +965,12 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
         f.flush()
         os.fsync(f.fileno())
     try:
-        for _ in range(10):
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                ino = _inode(path)
-                try:
-                    holder = _read_owner(path)
-                except OSError:
-                    return {}  # held, by whom cannot be read now: not stale; the next attempt reads again
-                if holder is not None and holder.get("run") == doc["run"]:
-                    return None
-                if not _owner_stale(path, holder, timeout, _fs_now(tmp)):
-                    return holder if holder is not None else {}
-                _remove_stale(path, holder, ino, timeout, tmp)
-                continue
-            _fsync_dir(os.path.dirname(path))
-            try:
-                holder = _read_owner(path)
-            except OSError:
-                return {}  # linked but not confirmed: the next attempt finds its own doc, or the holder's
-            if holder is not None and holder.get("run") == doc["run"]:
-                return None
-            return holder if holder is not None else {}
+        return _link_owner(path, tmp, doc, timeout)
+    except FileNotFoundError:
+        if os.path.exists(tmp) or not os.path.isdir(os.path.dirname(path)):
+            raise
+        # The temporary file was removed as a killed acquirer's leftover (this attempt outlasted
+        # ownerTimeout, waiting for the flock): the attempt ends; the next writes a new one.
         try:
             return _read_owner(path) or {}
         except OSError:
@@ -994,6 +980,37 @@ def acquire_owner(path: str, doc: Mapping[str, Any], timeout: float) -> dict[str
             os.remove(tmp)
         except OSError:
             pass
+
+
+def _link_owner(path: str, tmp: str, doc: Mapping[str, Any], timeout: float) -> dict[str, Any] | None:
+    """acquire_owner's attempts with its written temporary file `tmp`."""
+    for _ in range(10):
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            ino = _inode(path)
+            try:
+                holder = _read_owner(path)
+            except OSError:
+                return {}  # held, by whom cannot be read now: not stale; the next attempt reads again
+            if holder is not None and holder.get("run") == doc["run"]:
+                return None
+            if not _owner_stale(path, holder, timeout, _fs_now(tmp)):
+                return holder if holder is not None else {}
+            _remove_stale(path, holder, ino, timeout, tmp)
+            continue
+        _fsync_dir(os.path.dirname(path))
+        try:
+            holder = _read_owner(path)
+        except OSError:
+            return {}  # linked but not confirmed: the next attempt finds its own doc, or the holder's
+        if holder is not None and holder.get("run") == doc["run"]:
+            return None
+        return holder if holder is not None else {}
+    try:
+        return _read_owner(path) or {}
+    except OSError:
+        return {}
 
 
 def _fs_now(probe: str) -> float:
