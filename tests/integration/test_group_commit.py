@@ -321,3 +321,40 @@ def test_a_clock_refusal_in_a_served_round_fails_the_lease_caller_alone(
         assert commits.rounds == 1
 
     asyncio.run(scenario())
+
+
+def test_a_round_with_acks_waits_briefly_for_the_other_busy_streams_acks(pub, sub, topic, subscription, warehouse, monkeypatch) -> None:
+    """`peers`: an ack round waits (at most PEER_LINGER) until every busy source queued an
+    outcome, so two streams' acks share one MERGE; a source that never comes holds it only
+    PEER_LINGER; with every peer present (or none expected) it waits for nothing."""
+    import time
+
+    monkeypatch.setattr(group_commit, "PEER_LINGER", 0.5)
+    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(4)])
+    engine = open_engine(warehouse, engine="delta-rs")
+    rec = Registry(engine, clock=time.time).subscription(subscription)
+    busy: set[object] = set()
+
+    async def scenario() -> None:
+        commits = GroupCommits(engine, lambda name: rec, time.time, peers=lambda name: frozenset(busy))
+        w, x, y, z = _ids(await commits.lease(subscription, 4, 600.0))
+        busy.update({"a", "b"})
+        rounds = commits.rounds
+        first = asyncio.ensure_future(commits.acknowledge(subscription, [w], source="a"))
+        await asyncio.sleep(0.1)
+        assert commits.rounds == rounds  # waiting for b
+        t0 = time.monotonic()
+        await asyncio.gather(first, commits.acknowledge(subscription, [x], source="b"))
+        assert commits.rounds == rounds + 1  # one round for both
+        assert time.monotonic() - t0 < 0.4
+        t0 = time.monotonic()
+        await commits.acknowledge(subscription, [y], source="a")  # b never comes: PEER_LINGER
+        assert 0.4 < time.monotonic() - t0 and commits.rounds == rounds + 2
+        busy.discard("b")
+        t0 = time.monotonic()
+        await commits.acknowledge(subscription, [z], source="a")  # nobody else busy: at once
+        assert time.monotonic() - t0 < 0.4 and commits.rounds == rounds + 3
+
+    asyncio.run(scenario())
+    left = engine.snapshot("deliveries").read(["message_id"], partition=rec.sub_uid)
+    assert left.num_rows == 0

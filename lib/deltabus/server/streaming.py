@@ -142,7 +142,7 @@ class StreamHub:
         self.own_commits = OwnCommits()  # the messages-table versions this server appended: fan-out and the watcher skip reading them
         self.activity = ActivityRecorder(state.registry, wall(state.clock))  # for expiration policies
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
-                                    on_use=self.activity.used, own=self.own_commits)
+                                    on_use=self.activity.used, own=self.own_commits, peers=self._busy)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
         self.publishes = PublishCommits(state.engine, state.registry, wall(state.clock), executor=self._appends, cache=self.payloads,
@@ -171,9 +171,10 @@ class StreamHub:
 
         `results`: a result per id (request order) when the subscription is exactly-once,
         else None (the unary Acknowledge; see the module docstring)."""
+        source = self._owner.get(ackid.encode(*ids[0])) if ids else None
         for a in ids:
             self._settle(ackid.encode(*a))
-        answer = await self.commits.acknowledge(subscription, ids, results_if_exactly_once=results)
+        answer = await self.commits.acknowledge(subscription, ids, results_if_exactly_once=results, source=source)
         if ids:  # ordering keys: the acked messages held their keys until this commit
             self._wake(lambda s: s.ordering and s.sub_uid == ids[0].sub_uid)
         return answer
@@ -232,6 +233,11 @@ class StreamHub:
         else:
             self._wake(lambda s: s.sub_uid == ids[0].sub_uid)
         return answer
+
+    def _busy(self, subscription: str) -> frozenset[object]:
+        """The open streams of `subscription` with messages outstanding: their clients' acks
+        are due soon (``GroupCommits``' `peers`)."""
+        return frozenset(s for s in self._streams if s.subscription == subscription and s.flow.count and not s.closed)
 
     def _settle(self, ack_id: str) -> None:
         self._durable.pop(ack_id, None)
