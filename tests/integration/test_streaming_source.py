@@ -55,6 +55,13 @@ def _sink_rows(uri: str) -> list[dict]:
         return []
 
 
+def _manifest_ids(parts) -> list[str]:
+    """The message ids of a runtime's planned partitions (their manifest files)."""
+    import pyarrow.parquet as pq
+
+    return sorted(r["message_id"] for p in parts for r in pq.read_table(p.path).to_pylist())
+
+
 def _run_until(query, done, timeout=60.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -497,16 +504,11 @@ def test_a_resumed_checkpoint_never_acks_another_checkpoints_uncommitted_batch(p
     """Checkpoint X runs batches 1-2 and stops; checkpoint Y runs 3-4 on the same consumer and
     stops with 4 planned, not committed; X resumes. X's plans and commits must not ack Y's
     batch 4 (numbered below X's): its messages are handed back and reach X's next batch."""
-    import pyarrow.parquet as pq
-
     from deltabus.spark.streaming import _Runtime
 
     s = sub.subscription_path("local", "two-checkpoints")
     sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=60)
     opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "pullWaitSeconds": "0"})
-
-    def ids(parts):
-        return sorted(r["message_id"] for p in parts for r in pq.read_table(p.path).to_pylist())
 
     x = _Runtime(opts)
     pub.publish_batch(topic, [{"data": b"1"}] * 3)
@@ -522,7 +524,7 @@ def test_a_resumed_checkpoint_never_acks_another_checkpoints_uncommitted_batch(p
     y.partitions(y.offset(0), three)  # a new lineage: X's 2 is handed back
     pub.publish_batch(topic, [{"data": b"4"}] * 3)
     four = y.latest()
-    in_four = ids(y.partitions(three, four))
+    in_four = _manifest_ids(y.partitions(three, four))
     y.stop()  # 4 planned by Y, never committed
     x = _Runtime(opts)
     assert x.partitions(two, two) == []  # X's restart probe
@@ -531,7 +533,7 @@ def test_a_resumed_checkpoint_never_acks_another_checkpoints_uncommitted_batch(p
     x.partitions(two, five)
     x.commit(five)
     six = x.latest()  # Y's batch 4 was handed back, not acked: its messages come to X
-    assert ids(x.partitions(five, six)) == in_four and len(in_four) >= 3
+    assert _manifest_ids(x.partitions(five, six)) == in_four and len(in_four) >= 3
     x.commit(six)
     x.stop()
     assert sub.get_backlog(s).num_unacked_messages == 0
@@ -560,8 +562,6 @@ def test_available_now_order_never_offers_another_checkpoints_batch(pub, sub, to
     resumes with AvailableNow and nothing new to read. Its first latestOffset must not offer
     Y's batch 4 (planning it from 2 was a LineageConflict): it makes an empty batch, whose
     plan commits X's 2 and hands Y's 4 back. Errors of plan name the consumer and subscription."""
-    import pyarrow.parquet as pq
-
     from deltabus.errors import FailedPrecondition
     from deltabus.spark.streaming import _Runtime
 
@@ -569,16 +569,13 @@ def test_available_now_order_never_offers_another_checkpoints_batch(pub, sub, to
     sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=60)
     opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "pullWaitSeconds": "0"})
 
-    def ids(parts):
-        return sorted(r["message_id"] for p in parts for r in pq.read_table(p.path).to_pylist())
-
     x = _Runtime(opts)
     pub.publish_batch(topic, [{"data": b"1"}] * 2)
     one = x.latest()
     x.partitions(x.offset(0), one)
     pub.publish_batch(topic, [{"data": b"2"}] * 2)
     two = x.latest()
-    in_two = ids(x.partitions(one, two))
+    in_two = _manifest_ids(x.partitions(one, two))
     x.stop()
     y = _Runtime(opts)
     pub.publish_batch(topic, [{"data": b"3"}] * 2)
@@ -586,7 +583,7 @@ def test_available_now_order_never_offers_another_checkpoints_batch(pub, sub, to
     y.partitions(y.offset(0), three)
     pub.publish_batch(topic, [{"data": b"4"}] * 2)
     four = y.latest()
-    in_four = ids(y.partitions(three, four))
+    in_four = _manifest_ids(y.partitions(three, four))
     y.stop()
     x = _Runtime(opts)
     target = x.latest()  # AvailableNow's first call: X's runtime does not know X is at 2
@@ -596,7 +593,7 @@ def test_available_now_order_never_offers_another_checkpoints_batch(pub, sub, to
     x.commit(target)
     five = x.latest()
     # Y's 4 holds its own 2 and X's batch 2 (which Y's new lineage handed back): all come to X now.
-    assert ids(x.partitions(target, five)) == in_four and len(in_four) == 4 and set(in_two) <= set(in_four)
+    assert _manifest_ids(x.partitions(target, five)) == in_four and len(in_four) == 4 and set(in_two) <= set(in_four)
     with pytest.raises(FailedPrecondition, match=r"consumer 'default' of .*available-now: batch 99 is not in the ledger"):
         x.partitions(five, x.offset(99))
     x.commit(five)
