@@ -72,11 +72,18 @@ def test_here():
 '''
 
 
-def test_each_test_of_an_out_of_process_run_gets_its_own_outcome(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def session_dir(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A directory for a child session with this suite's lanes (tests/background.py)."""
     monkeypatch.delenv(background.INNER, raising=False)  # this test may itself run in such a run
     monkeypatch.setenv("PYTHONPATH", str(background.ROOT))
     pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems, early_background, "
                           "_start_early_background, pytest_terminal_summary\n")
+    return pytester
+
+
+def test_each_test_of_an_out_of_process_run_gets_its_own_outcome(session_dir: pytest.Pytester) -> None:
+    pytester = session_dir
     pytester.makepyfile(test_probe=PROBE, test_in_place=IN_PLACE, test_crash=CRASH)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "-o", "addopts=")
     result.assert_outcomes(passed=4, failed=4, skipped=1)
@@ -96,11 +103,8 @@ def test_each_test_of_an_out_of_process_run_gets_its_own_outcome(pytester: pytes
     assert "did not complete in the out of process: test_crash run" in text
 
 
-def test_a_module_whose_marks_would_apply_to_its_stand_ins_is_refused(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(background.INNER, raising=False)
-    monkeypatch.setenv("PYTHONPATH", str(background.ROOT))
-    pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems, early_background, "
-                          "_start_early_background\n")
+def test_a_module_whose_marks_would_apply_to_its_stand_ins_is_refused(session_dir: pytest.Pytester) -> None:
+    pytester = session_dir
     pytester.makepyfile(test_strict="import pytest\nOUT_OF_PROCESS = True\npytestmark = pytest.mark.xfail(strict=True)\n\n"
                         "def test_passes():\n    pass\n", test_other="def test_other():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=")
@@ -108,11 +112,8 @@ def test_a_module_whose_marks_would_apply_to_its_stand_ins_is_refused(pytester: 
     assert "OUT_OF_PROCESS modules cannot have module or class marks ['xfail']" in result.stderr.str()
 
 
-def test_a_session_of_only_out_of_process_tests_runs_them_in_place(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(background.INNER, raising=False)
-    monkeypatch.setenv("PYTHONPATH", str(background.ROOT))
-    pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems, early_background, "
-                          "_start_early_background\n")
+def test_a_session_of_only_out_of_process_tests_runs_them_in_place(session_dir: pytest.Pytester) -> None:
+    pytester = session_dir
     pytester.makepyfile(test_probe="OUT_OF_PROCESS = True\n\ndef test_here():\n"
                         "    import os\n    assert 'DELTABUS_TEST_INNER' not in os.environ\n")
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=").assert_outcomes(passed=1)
