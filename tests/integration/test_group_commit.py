@@ -330,14 +330,15 @@ def test_a_round_with_acks_waits_briefly_for_the_other_busy_streams_acks(pub, su
     import time
 
     monkeypatch.setattr(group_commit, "PEER_LINGER", 0.5)
-    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(4)])
+    monkeypatch.setattr(group_commit, "PEER_LINGER_IDS", 1)
+    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(6)])
     engine = open_engine(warehouse, engine="delta-rs")
     rec = Registry(engine, clock=time.time).subscription(subscription)
     busy: set[object] = set()
 
     async def scenario() -> None:
         commits = GroupCommits(engine, lambda name: rec, time.time, peers=lambda name: frozenset(busy))
-        w, x, y, z = _ids(await commits.lease(subscription, 4, 600.0))
+        w, x, y, z, u, v = _ids(await commits.lease(subscription, 6, 600.0))
         busy.update({"a", "b"})
         rounds = commits.rounds
         first = asyncio.ensure_future(commits.acknowledge(subscription, [w], source="a"))
@@ -354,6 +355,18 @@ def test_a_round_with_acks_waits_briefly_for_the_other_busy_streams_acks(pub, su
         t0 = time.monotonic()
         await commits.acknowledge(subscription, [z], source="a")  # nobody else busy: at once
         assert time.monotonic() - t0 < 0.4 and commits.rounds == rounds + 3
+        busy.add("b")
+        monkeypatch.setattr(group_commit, "PEER_LINGER_IDS", 2)
+        t0 = time.monotonic()
+        await commits.acknowledge(subscription, [u], source="a")  # a small call (its client keeps up): at once
+        assert time.monotonic() - t0 < 0.4 and commits.rounds == rounds + 4
+        monkeypatch.setattr(group_commit, "PEER_LINGER_IDS", 1)
+        t0 = time.monotonic()
+        ack = asyncio.ensure_future(commits.acknowledge(subscription, [v], source="a"))
+        await asyncio.sleep(0.05)
+        await commits.lease(subscription, 1, 600.0, source="c")  # a stream asking with no ack queued: nobody waits
+        await ack
+        assert time.monotonic() - t0 < 0.4 and commits.rounds == rounds + 5
 
     asyncio.run(scenario())
     left = engine.snapshot("deliveries").read(["message_id"], partition=rec.sub_uid)

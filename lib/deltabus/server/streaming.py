@@ -504,7 +504,7 @@ async def handle_streaming_pull(
             s.wake.clear()
             if room > 0:
                 epoch = hub.seek_epoch(name)
-                granted = await hub.commits.lease(name, room, s.lease_seconds)
+                granted = await hub.commits.lease(name, room, s.lease_seconds, source=s)
                 if granted.messages:
                     counted = hub.seek_epoch(name) == epoch  # else a seek ran meanwhile: sent, not counted
                     s.exactly_once = granted.exactly_once  # what these responses tell the client
