@@ -13,7 +13,8 @@ Two ways to run them:
   (1: one scenario, about a core, beside the ~600 s of the other tests, which the pytest
   process runs on the other core; two scenarios beside them overloaded the cores and made
   timing-bound tests fail in a trial). A test whose scenario is still queued when it asks
-  runs it itself (``Scenarios.result``): the pytest process never idles while work waits. ``arrange`` runs those modules
+  starts it at once, and a test waiting for a running one starts the queue's last one
+  beside the lane (``Scenarios.result``): the pytest process's wait is spent on the queue. ``arrange`` runs those modules
   after all others, so their tests find their scenarios done. Only scenarios that run their
   own processes go early: in-process ones would log into other tests' caplog.
 - Within the module (``start_selected`` from a module fixture): its scenarios start, two at a
@@ -71,7 +72,8 @@ class Scenarios:
     """Scenarios run by threads taking turns for a slot, keyed by the name of the test that
     checks each. With ``steal``, a test asking for a scenario that is still queued starts it
     at once, beside the slots (the test's thread would only wait otherwise), and waits for it
-    with the same limit.
+    with the same limit; a test waiting for a running one starts queued ones from the back
+    of the queue, one at a time.
     That balances the early lane and the pytest process by themselves: the pytest process
     never idles while scenarios wait for a slot. (Not within a module: its PARALLEL slots
     already fill the two cores while its tests wait.)"""
@@ -89,8 +91,10 @@ class Scenarios:
         self._slots = threading.Semaphore(parallel)
         self._claims = threading.Lock()
         self._claimed: set[str] = set()
-        self._steal: dict[str, Callable[[], None]] = {}
-        self.run_by_their_tests: set[str] = set()
+        self._steal: dict[str, Callable[[], threading.Thread]] = {}
+        self._order: list[str] = []  # as started: the order tests will ask for them
+        self._beside: threading.Thread | None = None
+        self.run_beside_the_lane: list[str] = []
 
     def __contains__(self, name: str) -> bool:
         return name in self._threads
@@ -125,23 +129,45 @@ class Scenarios:
                 if self._claim(name):
                     self._run(name, scenario, tmp)
 
-        def steal() -> None:  # for the scenario's test, at once, beside the slots
-            self.run_by_their_tests.add(name)
-            threading.Thread(target=self._run, args=(name, scenario, tmp), name=f"scenario-{name}-now", daemon=True).start()
+        def steal() -> threading.Thread:  # at once, beside the slots
+            self.run_beside_the_lane.append(name)
+            thread = threading.Thread(target=self._run, args=(name, scenario, tmp), name=f"scenario-{name}-now", daemon=True)
+            thread.start()
+            return thread
 
         self._steal[name] = steal
+        self._order.append(name)
         thread = threading.Thread(target=body, name=f"scenario-{name}", daemon=True)
         self._threads[name] = thread
         thread.start()
 
+    def _steal_from_the_back(self) -> None:
+        """While a test waits: start the last scenario still queued, if none started this way
+        is still running. The lane takes scenarios from the front, in the order the tests will
+        ask for them; a test waiting for the one the lane runs would find each next one
+        already running (measured: a whole CI run in which no test ever found its scenario
+        queued, the lane busy 1,029 s and the pytest process waiting)."""
+        if self._beside is not None and self._beside.is_alive():
+            return
+        for name in reversed(self._order):
+            if self._claim(name):
+                self._beside = self._steal[name]()
+                return
+
     def result(self, name: str, timeout: float = SCENARIO_TIMEOUT) -> Any:
-        """Run `name`'s scenario here if it is still queued; else wait for it (at most `timeout`
-        s from its start). Raise what it raised, or return what it returned."""
+        """Start `name`'s scenario at once if it is still queued; wait for it (at most `timeout`
+        s from its start), meanwhile starting queued ones from the back of the queue, one at a
+        time. Raise what it raised, or return what it returned."""
         if self._steals and self._claim(name):
             self._steal[name]()
-        self._started[name].wait()
-        done = self._done[name].wait(max(0.0, self._start_times[name] + timeout - time.monotonic()))
-        assert done, f"scenario {name} still running after {timeout:g} s"
+        while not self._started[name].wait(0.5):
+            if self._steals:
+                self._steal_from_the_back()
+        deadline = self._start_times[name] + timeout
+        while not self._done[name].wait(max(0.0, min(0.5, deadline - time.monotonic()))):
+            assert time.monotonic() < deadline, f"scenario {name} still running after {timeout:g} s"
+            if self._steals:
+                self._steal_from_the_back()
         if name in self._errors:
             raise self._errors[name]
         return self._values.get(name)

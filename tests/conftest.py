@@ -182,7 +182,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"background: {len(timeline)} scenarios, {busy:.0f} s busy, the last ended "
             f"{max(t1 for _, _, t1 in timeline) - start:.0f} s after the first began; longest: "
             + ", ".join(f"{name} {t1 - t0:.0f} s" for name, t0, t1 in longest)
-            + f"; {len(background.EARLY.run_by_their_tests)} run by their tests (all: {path})")
+            + f"; {len(background.EARLY.run_beside_the_lane)} started beside the lane by waiting tests (all: {path})")
 
 
 @pytest.fixture(scope="session")

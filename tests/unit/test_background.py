@@ -141,8 +141,39 @@ def test_a_scenario_still_queued_starts_at_once_when_its_test_asks(tmp_path) -> 
         threading.Event().wait(0.01)
     with pytest.raises(ValueError, match="queued failed"):
         lanes.result("queued")  # does not wait for the slot: runs here
-    assert ran_in["queued"] == "scenario-queued-now" and lanes.run_by_their_tests == {"queued"}
+    assert ran_in["queued"] == "scenario-queued-now" and lanes.run_beside_the_lane == ["queued"]
     release.set()
     assert lanes.result("slow") == "slow done" and ran_in["slow"] == "scenario-slow"
     lanes.join_all(10)
     assert [name for name, _, _ in lanes.timeline()] == ["slow", "queued"]
+
+
+def test_a_test_waiting_for_a_running_scenario_starts_the_last_queued_one_beside_the_lane(tmp_path) -> None:
+    import threading
+
+    lanes = background.Scenarios(parallel=1, steal=True)
+    release = threading.Event()
+    ran_in: dict[str, str] = {}
+
+    def record(name, wait=False):
+        def scenario(tmp):
+            ran_in[name] = threading.current_thread().name
+            if wait:
+                assert release.wait(30)
+            return name
+        return scenario
+
+    lanes.start("first", record("first", wait=True), tmp_path)
+    for name in ("second", "third", "last"):
+        lanes.start(name, record(name), tmp_path)
+    while "first" not in ran_in:
+        threading.Event().wait(0.01)
+    threading.Timer(2.0, release.set).start()  # the wait below outlasts a few of its polls
+    assert lanes.result("first") == "first"
+    # While it waited, the test started queued scenarios from the back, one at a time.
+    beside = lanes.run_beside_the_lane
+    assert beside and beside == ["last", "third", "second"][:len(beside)]
+    assert all(ran_in[n] == f"scenario-{n}-now" for n in beside)
+    assert [lanes.result(n) for n in ("second", "third", "last")] == ["second", "third", "last"]
+    lanes.join_all(10)
+    assert sorted(n for n, _, _ in lanes.timeline()) == ["first", "last", "second", "third"]  # each ran once
