@@ -22,9 +22,9 @@ from deltabus.push.wire import AUTH_HEADER, PENDING_HEADER, WORKER_HEADER
 from deltabus.push.worker import Worker, pool_partition
 from tests.endpoints import Behaviour, Endpoint
 
-# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
-# about 30 s, most of it in process (worker threads, the pool's Spark job).
-OUT_OF_PROCESS = True
+# Not OUT_OF_PROCESS: in a child pytest (tests/background.py) the pool job's first delivery
+# timed out in 2 runs of 3 (2026-11-27: no outcome in 60 s, its Spark task running), while
+# in the session it always passed. Not yet explained.
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, 250000, tzinfo=dt.timezone.utc)
 
