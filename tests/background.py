@@ -241,9 +241,14 @@ def arrange(items: list[pytest.Item]) -> None:
         # scenario's own limit (SCENARIO_TIMEOUT from its start) still holds.
         if _waited_for(item.module, item.originalname):  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.timeout(900))
-    first = [item for item in items if _changes_environment(item.module)]  # type: ignore[attr-defined]
-    apart = [item for item in items if _out_of_process(item.module) and item not in early and item not in first]  # type: ignore[attr-defined]
-    rest = [item for item in items if item not in early and item not in first and item not in apart]
+    first: list[pytest.Item] = []
+    apart: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
+    for item in items:  # one pass: list membership tests here cost O(n^2) at every collection
+        module = item.module  # type: ignore[attr-defined]
+        if _early_scenarios(module) is not None:
+            continue
+        (first if _changes_environment(module) else apart if _out_of_process(module) else rest).append(item)
     if not (rest or early):  # nothing to overlap them with
         rest, apart = rest + apart, []
     stand_ins = []
