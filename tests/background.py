@@ -15,7 +15,8 @@ Two ways to run them:
   timing-bound tests fail in a trial). A test whose scenario is still queued when it asks
   starts it at once, and a test waiting for a running one starts the queue's last one
   beside the lane (``Scenarios.result``): the pytest process's wait is spent on the queue. ``arrange`` runs those modules
-  after all others, so their tests find their scenarios done. Only scenarios that run their
+  after all others, and their tests that wait after all their tests that do not, so the
+  waiting tests find their scenarios done or help finish the queue. Only scenarios that run their
   own processes go early: in-process ones would log into other tests' caplog.
 - Within the module (``start_selected`` from a module fixture): its scenarios start, two at a
   time (``PARALLEL``), when the module's first test asks for the fixture.
@@ -233,14 +234,28 @@ BASETEMP: list[Path] = []  # the session's temp root, once the early scenarios s
 
 def arrange(items: list[pytest.Item]) -> None:
     """Reorder `items` in place, after deselection: modules that change the environment first,
-    then the others, then modules with early scenarios, each kept whole and in order; the
-    tests of out-of-process modules, as stand-ins, last."""
-    early = [item for item in items if _early_scenarios(item.module) is not None]  # type: ignore[attr-defined]
-    for item in early:
-        # A test waiting for its scenario may wait for those queued before it too; its
-        # scenario's own limit (SCENARIO_TIMEOUT from its start) still holds.
+    then the others, then the tests of modules with early scenarios that wait for none, then
+    those that wait, each group in module order; the tests of out-of-process modules, as
+    stand-ins, last.
+
+    Why the waiting tests go after all the others: once the pytest process's own work is done,
+    its waits are spent starting queued scenarios from the back (``Scenarios.result``), so the
+    session ends with the lane's queue. Kept within their modules, the in-process tests of the
+    early modules ran after the lane had ended, the second core idle (about 90 s of a 983 s
+    run, 2026-11-26). A module's fixtures may therefore set up twice; none of the early
+    modules has one that costs."""
+    early: list[pytest.Item] = []
+    waiting: list[pytest.Item] = []
+    for item in items:
+        if _early_scenarios(item.module) is None:  # type: ignore[attr-defined]
+            continue
         if _waited_for(item.module, item.originalname):  # type: ignore[attr-defined]
+            # A test waiting for its scenario may wait for those queued before it too; its
+            # scenario's own limit (SCENARIO_TIMEOUT from its start) still holds.
             item.add_marker(pytest.mark.timeout(900))
+            waiting.append(item)
+        else:
+            early.append(item)
     first: list[pytest.Item] = []
     apart: list[pytest.Item] = []
     rest: list[pytest.Item] = []
@@ -249,7 +264,7 @@ def arrange(items: list[pytest.Item]) -> None:
         if _early_scenarios(module) is not None:
             continue
         (first if _changes_environment(module) else apart if _out_of_process(module) else rest).append(item)
-    if not (rest or early):  # nothing to overlap them with
+    if not (rest or early or waiting):  # nothing to overlap them with
         rest, apart = rest + apart, []
     stand_ins = []
     if apart:
@@ -258,7 +273,7 @@ def arrange(items: list[pytest.Item]) -> None:
         run = _run_name(item.module)  # type: ignore[attr-defined]
         _RUNS.setdefault(run, []).append(item.nodeid)
         stand_ins.append(_stand_in(item, run))
-    items[:] = first + rest + early + stand_ins
+    items[:] = first + rest + early + waiting + stand_ins
 
 
 # What a stand-in asks for: early_background and what it needs, and the session's autouse one.

@@ -177,3 +177,41 @@ def test_a_test_waiting_for_a_running_scenario_starts_the_last_queued_one_beside
     assert [lanes.result(n) for n in ("second", "third", "last")] == ["second", "third", "last"]
     lanes.join_all(10)
     assert sorted(n for n, _, _ in lanes.timeline()) == ["first", "last", "second", "third"]  # each ran once
+
+
+EARLY_A = '''
+BACKGROUND = {"test_a_waits": lambda tmp: None}
+
+
+def test_a_first():
+    pass
+
+
+def test_a_waits():
+    pass
+
+
+def test_a_last():
+    pass
+'''
+
+EARLY_B = '''
+BACKGROUND = {"scenario b": lambda tmp: None}
+BACKGROUND_TESTS = {"scenario b": {"test_b_waits"}}
+
+
+def test_b_waits():
+    pass
+
+
+def test_b_alone():
+    pass
+'''
+
+
+def test_tests_that_wait_for_a_scenario_run_after_every_test_that_does_not(session_dir: pytest.Pytester) -> None:
+    pytester = session_dir
+    pytester.makepyfile(test_early_a=EARLY_A, test_early_b=EARLY_B, test_plain="def test_plain():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "--collect-only", "-q")
+    order = [line.split("::")[1] for line in result.stdout.lines if "::" in line]
+    assert order == ["test_plain", "test_a_first", "test_a_last", "test_b_alone", "test_a_waits", "test_b_waits"]
