@@ -226,6 +226,9 @@ def _subscription_dict(s: Any) -> dict[str, Any]:
         "no_wrapper": pc.no_wrapper is not None,
         "write_metadata": bool(pc.no_wrapper and pc.no_wrapper.write_metadata),
         "detached": s.detached,
+        "delta_config": None if s.delta_config is None else {
+            "table": s.delta_config.table, "write_metadata": s.delta_config.write_metadata,
+            "drop_unknown_fields": s.delta_config.drop_unknown_fields},
     }
 
 
@@ -257,6 +260,27 @@ def _policy_flags(args: argparse.Namespace) -> dict[str, Any]:
     elif args.max_delivery_attempts is not None:
         raise InvalidArgument("--max-delivery-attempts", "needs --dead-letter-topic (a dead-letter policy is both)")
     return out
+
+
+def _delta_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The Delta export the --delta-* flags describe, by field name: {"delta_config": dict},
+    {"delta_config": None} to remove it (``--clear-delta-export``, update only), or {}."""
+    from .types import DeltaConfig
+
+    extras = [f for f, on in (("--delta-write-metadata", args.delta_write_metadata),
+                              ("--delta-drop-unknown-fields", args.delta_drop_unknown_fields)) if on]
+    if getattr(args, "clear_delta_export", False):
+        if args.delta_table is not None or extras:
+            raise InvalidArgument("--clear-delta-export", "cannot be given with --delta-table or the other --delta-* flags")
+        return {"delta_config": None}
+    if args.delta_table is None:
+        if extras:
+            raise InvalidArgument(extras[0], "needs --delta-table")
+        return {}
+    cfg = {"table": args.delta_table, "write_metadata": bool(args.delta_write_metadata),
+           "drop_unknown_fields": bool(args.delta_drop_unknown_fields)}
+    DeltaConfig.coerce(cfg)
+    return {"delta_config": cfg}
 
 
 def _field_flag_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -332,14 +356,15 @@ def cmd_topics(args: argparse.Namespace, out: TextIO) -> None:
 def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
     if args.action == "create":
         push = _push_config(args)  # checked before the warehouse is opened
-        given = {**_field_flag_values(args), **_policy_flags(args)}
+        given = {**_field_flag_values(args), **_policy_flags(args), **_delta_config(args)}
         sub = _subscriber(args, _allow_http(args))
         request: dict[str, Any] = {"name": _sub(args, args.name), "topic": _topic(args, args.topic), **given}
         if push is not None:
             request["push_config"] = push
         # As a request: a field may be settable without being one of create_subscription's keywords.
         s = sub.create_subscription(request=request)
-        print(f"created {'push' if s.push_config.is_push else 'pull'} subscription {s.name}", file=out)
+        kind = "push" if s.push_config.is_push else "Delta export" if s.delta_config is not None else "pull"
+        print(f"created {kind} subscription {s.name}", file=out)
     elif args.action == "list":
         rows = [_subscription_dict(s) for s in _subscriber(args).list_subscriptions(project=args.project)]
         print(_table(rows, ["name", "topic", "ack_deadline_seconds", "push_endpoint"]), file=out)
@@ -347,7 +372,7 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
         print(json.dumps(_subscription_dict(_subscriber(args).get_subscription(subscription=_sub(args, args.name))), indent=2), file=out)
     elif args.action == "update":
         name = _sub(args, args.name)
-        given = {**_field_flag_values(args), **_policy_flags(args)}
+        given = {**_field_flag_values(args), **_policy_flags(args), **_delta_config(args)}
         body: dict[str, Any] = {"name": name, **given}
         mask = list(given)
         if args.pull:
@@ -360,7 +385,8 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
             from .subscription_fields import WITH_FLAG
 
             flags = [f.cli.flag for f in WITH_FLAG if f.cli is not None and f.updatable]
-            flags += ["--min-backoff", "--max-backoff", "--clear-retry-policy", "--dead-letter-topic", "--clear-dead-letter-policy"]
+            flags += ["--min-backoff", "--max-backoff", "--clear-retry-policy", "--dead-letter-topic", "--clear-dead-letter-policy",
+                      "--delta-table", "--clear-delta-export"]
             raise InvalidArgument("update", f"nothing to change: give {', '.join(flags)}, --push-endpoint or --pull")
         s = _subscriber(args, _allow_http(args)).update_subscription(subscription=body, update_mask=mask)
         print(f"updated {s.name}: {', '.join(mask)}", file=out)
@@ -607,6 +633,13 @@ PUSH_FLAGS = {
     "push_config.no_wrapper": "--no-wrapper",
     "push_config": "--push-endpoint",
 }
+# The Delta export's flags (issue 17); DeltaConfig names its own sub-fields.
+DELTA_FLAGS = {
+    "delta_config.table": "--delta-table",
+    "delta_config.write_metadata": "--delta-write-metadata",
+    "delta_config.drop_unknown_fields": "--delta-drop-unknown-fields",
+    "delta_config": "--delta-table",
+}
 # The delivery policies' flags (issue 13); RetryPolicy and DeadLetterPolicy name their own
 # sub-fields, as PushConfig does.
 POLICY_FLAGS = {
@@ -707,23 +740,36 @@ def build_parser() -> argparse.ArgumentParser:
             retry.add_argument("--clear-retry-policy", action="store_true", help="remove the retry policy (redeliver at once)")
             dead.add_argument("--clear-dead-letter-policy", action="store_true", help="remove the dead-letter policy")
 
+    def delta_options(q: argparse.ArgumentParser, update: bool) -> None:
+        """The Delta export's flags (issue 17; Pub/Sub's BigQuery subscription)."""
+        delta = q.add_argument_group("Delta export", "the push job appends the messages to a Delta table, then acks them")
+        delta.add_argument("--delta-table", metavar="PATH_OR_URI", help="absolute path or URI of the Delta table (created if missing)")
+        delta.add_argument("--delta-write-metadata", action="store_true",
+                           help="with --delta-table: add subscription_name, message_id, publish_time, attributes")
+        delta.add_argument("--delta-drop-unknown-fields", action="store_true",
+                           help="with --delta-table: drop columns an existing table lacks instead of failing")
+        if update:
+            delta.add_argument("--clear-delta-export", action="store_true", help="stop exporting (a pull subscription again)")
+
     c = command(sa, "create", "create a subscription",
                 {"name": "SUBSCRIPTION", "topic": "--topic", **{f.name: f.cli.flag for f in WITH_FLAG if f.cli}, **PUSH_FLAGS,
-                 **POLICY_FLAGS})
+                 **POLICY_FLAGS, **DELTA_FLAGS})
     c.add_argument("name", metavar="SUBSCRIPTION")
     c.add_argument("--topic", required=True)
     field_options(c, update=False)
     policy_options(c, update=False)
+    delta_options(c, update=False)
     push_options(c)
     command(sa, "list", "list the project's subscriptions")
     g = command(sa, "get", "show one subscription as JSON", {"subscription": "SUBSCRIPTION"})
     g.add_argument("name", metavar="SUBSCRIPTION")
     u = command(sa, "update", "change the ack deadline, labels, push configuration, retry or dead-letter policy",
                 {"subscription.name": "SUBSCRIPTION", **{f"subscription.{f.name}": f.cli.flag for f in WITH_FLAG if f.cli},
-                 **PUSH_FLAGS, **POLICY_FLAGS})
+                 **PUSH_FLAGS, **POLICY_FLAGS, **{f"subscription.{k}": v for k, v in DELTA_FLAGS.items()}})
     u.add_argument("name", metavar="SUBSCRIPTION")
     field_options(u, update=True)
     policy_options(u, update=True)
+    delta_options(u, update=True)
     mode = u.add_mutually_exclusive_group()
     mode.add_argument("--pull", action="store_true", help="turn into a pull subscription")
     push_options(u, endpoint=mode)

@@ -44,6 +44,7 @@ from .timestamps import TS
 from .types import (
     MAX_FILTER_BYTES,
     DeadLetterPolicy,
+    DeltaConfig,
     ExpirationPolicy,
     NoWrapper,
     OidcToken,
@@ -278,6 +279,21 @@ def _filter(value: Any, path: str) -> str:
     return value
 
 
+def _delta_config(value: Any, path: str) -> DeltaConfig | None:
+    # None (or a mask path with the field unset, or an empty table): no export.
+    # DeltaConfig names its own sub-fields (delta_config.table), as PushConfig does.
+    return DeltaConfig.coerce(value, path)
+
+
+def _delta_row(config: DeltaConfig) -> dict[str, Any]:
+    return {"table": config.table, "write_metadata": config.write_metadata,
+            "drop_unknown_fields": config.drop_unknown_fields}
+
+
+def _delta_from_row(row: Mapping[str, Any]) -> DeltaConfig:
+    return DeltaConfig(row["table"], bool(row.get("write_metadata")), bool(row.get("drop_unknown_fields")))
+
+
 def _expiration_policy(value: Any, path: str) -> ExpirationPolicy:
     # None: the field was not given (or a mask path with it unset): Pub/Sub's default policy.
     return ExpirationPolicy.coerce(value, path)
@@ -323,6 +339,9 @@ def parse_ttl(text: str) -> dict[str, float | None]:
         raise argparse.ArgumentTypeError(f"must be 'never' or a duration such as 31d, 36h or 86400, got {text!r}") from None
 
 
+DELTA_CONFIG = pa.struct(
+    [pa.field("table", pa.string()), pa.field("write_metadata", pa.bool_()), pa.field("drop_unknown_fields", pa.bool_())]
+)
 EXPIRATION_POLICY = pa.struct([pa.field("ttl", pa.float64())])
 RETRY_POLICY = pa.struct([pa.field("minimum_backoff", pa.float64()), pa.field("maximum_backoff", pa.float64())])
 DEAD_LETTER_POLICY = pa.struct(
@@ -431,6 +450,13 @@ COLUMNS: tuple[SubscriptionField, ...] = (
         cli=CliFlag("--exactly-once", "", create_help="exactly-once delivery: acks report whether they applied (pull only)",
                     update_help="exactly-once delivery (--no-exactly-once: off)", collect="switch"),
     ),
+    # Version 6 (issue 17): Delta export, the counterpart of Pub/Sub's BigQuery subscriptions.
+    # Not with a push endpoint (``check_delivery_kind``). A null is no export. The CLI builds
+    # it from its --delta-* flags itself (cli._delta_config).
+    SubscriptionField(
+        "delta_config", DELTA_CONFIG, since=6, updatable=True, default=lambda: None, validate=_delta_config,
+        to_row=_delta_row, from_row=_delta_from_row,
+    ),
 )
 
 BY_NAME: dict[str, SubscriptionField] = {c.name: c for c in COLUMNS}
@@ -486,6 +512,14 @@ def check_exactly_once(values: Any, path: str = "enable_exactly_once_delivery") 
     feature). `values` has ``push_config`` and ``enable_exactly_once_delivery``."""
     if values.enable_exactly_once_delivery and values.push_config.is_push:
         raise InvalidArgument(path, "a push subscription cannot enable exactly-once delivery (pull subscriptions only)")
+
+
+def check_delivery_kind(values: Any, path: str = "delta_config") -> None:
+    """Refuse a push endpoint together with a Delta export (Pub/Sub's rule: a subscription
+    is push, BigQuery or pull). `values` has ``push_config`` and ``delta_config``."""
+    if values.delta_config is not None and values.push_config.is_push:
+        raise InvalidArgument(path, "a subscription is either push (push_config.push_endpoint) or a Delta export "
+                                    "(delta_config.table), not both")
 
 
 # -- requests ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ __all__ = [
     "OidcToken",
     "NoWrapper",
     "RetryPolicy",
+    "DeltaConfig",
     "DeadLetterPolicy",
     "FlowControl",
     "BatchSettings",
@@ -329,6 +330,58 @@ class RetryPolicy:
         return cls(**given)
 
 
+# -- Delta export (issue 17) ----------------------------------------------------------------------
+MAX_DELTA_TABLE_CHARS = 4096
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaConfig:
+    """Export the subscription's messages to a Delta table (the counterpart of Pub/Sub's
+    ``BigQueryConfig``): the push job appends each message once, then acks it.
+
+    ``table``: an absolute path or a URI (``file:///...``, ``s3://bucket/t``); created when
+    missing. ``write_metadata``: add Pub/Sub's metadata columns (``subscription_name``,
+    ``message_id``, ``publish_time``, ``attributes``) to ``data``. ``drop_unknown_fields``:
+    a column deltabus writes that an existing table lacks is dropped instead of failing the
+    export as a schema mismatch. A push subscription cannot carry one (``push_config``
+    with an endpoint); a pull subscription with one is still pullable, as in Pub/Sub."""
+
+    table: str
+    write_metadata: bool = False
+    drop_unknown_fields: bool = False
+
+    def __post_init__(self) -> None:
+        path = "delta_config.table"
+        if not isinstance(self.table, str) or not self.table.strip():
+            raise InvalidArgument(path, "must be a non-empty path or URI of a Delta table")
+        if len(self.table) > MAX_DELTA_TABLE_CHARS:
+            raise InvalidArgument(path, f"must be at most {MAX_DELTA_TABLE_CHARS} characters, got {len(self.table)}")
+        if any(ch.isspace() or ord(ch) < 32 for ch in self.table):
+            raise InvalidArgument(path, "must not contain whitespace or control characters")
+        if not (self.table.startswith("/") or _URI.match(self.table)):
+            raise InvalidArgument(path, f"must be an absolute path or a URI (scheme://...), got {self.table!r}")
+        for name in ("write_metadata", "drop_unknown_fields"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgument(f"delta_config.{name}", "must be a boolean")
+
+    @classmethod
+    def coerce(cls, value: object, field_name: str = "delta_config") -> "DeltaConfig | None":
+        """A DeltaConfig, a dict with ``table`` (and optionally ``write_metadata``,
+        ``drop_unknown_fields``), or None / a dict with an empty table (no export)."""
+        if value is None or isinstance(value, DeltaConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(field_name, f"must be a DeltaConfig, a dict or None, got {type(value).__name__}")
+        given = {k: v for k, v in _only(value, {"table", "write_metadata", "drop_unknown_fields"}, field_name).items()
+                 if v is not None}
+        if not given.get("table"):
+            if any(given.get(k) for k in ("write_metadata", "drop_unknown_fields")):
+                raise InvalidArgument(f"{field_name}.table", "is required with write_metadata or drop_unknown_fields")
+            return None
+        return cls(**given)
+
+
 # -- expiration (issue 15) ------------------------------------------------------------------------
 DAY = 86_400.0
 DEFAULT_EXPIRATION_TTL = 31 * DAY
@@ -530,6 +583,7 @@ class Subscription:
     ``expiration_policy`` (issue 15): unused that long, maintenance deletes it.
     ``message_retention_duration`` and ``retain_acked_messages`` (issue 15): how far back
     ``seek`` can replay, and whether acked messages come back too.
+    ``delta_config`` (issue 17): the push job appends its messages to that Delta table.
     ``subscription_fields.COLUMNS`` declares every field's rules; a test checks this class
     against it."""
 
@@ -550,6 +604,8 @@ class Subscription:
     retain_acked_messages: bool = False
     # Issue 15: acks and deadline changes report whether they applied (pull only).
     enable_exactly_once_delivery: bool = False
+    # Issue 17: export to a Delta table (None: no export).
+    delta_config: DeltaConfig | None = None
 
     @classmethod
     def coerce(cls, value: "Subscription | Mapping[str, Any]") -> "Subscription":
@@ -568,6 +624,8 @@ class Subscription:
             data["retry_policy"] = RetryPolicy.coerce(data["retry_policy"])
         if "dead_letter_policy" in data:
             data["dead_letter_policy"] = DeadLetterPolicy.coerce(data["dead_letter_policy"])
+        if "delta_config" in data:
+            data["delta_config"] = DeltaConfig.coerce(data["delta_config"])
         return cls(**data)
 
     def with_changes(self, **changes: Any) -> "Subscription":

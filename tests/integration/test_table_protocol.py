@@ -35,7 +35,7 @@ PINNED = {
     # 2: retry_policy, dead_letter_policy, filter (issue 13); 3: detached (issue 14)
     # 4: expiration_policy, last_active; 5: message_retention_duration, retain_acked_messages,
     # enable_exactly_once_delivery (issue 15)
-    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "5"}),
+    "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "6"}),  # 6: delta_config (issue 17)
     "messages": (1, 4, None, None, {"delta.enableChangeDataFeed": "true", "deltabus.schemaVersion": "1"}),
     "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "2"}),  # 2: dead_letter_key (issue 13)
     "backlog": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: dead_lettered, dead_letter_blocked (issue 13)

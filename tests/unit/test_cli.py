@@ -118,3 +118,24 @@ def test_seek_time_is_rfc3339_or_a_duration_back_from_now():
         with pytest.raises(InvalidArgument) as e:
             cli._seek_time(bad, now)
         assert e.value.field == "--time" and "duration back from now such as -1h" in str(e.value)
+
+
+def test_delta_export_flags_build_the_delta_config():
+    args = parse("subscriptions", "create", "exp", "--topic", "top", "--delta-table", "/d/t", "--delta-write-metadata")
+    assert cli._delta_config(args) == {"delta_config": {"table": "/d/t", "write_metadata": True, "drop_unknown_fields": False}}
+    assert cli._delta_config(parse("subscriptions", "create", "exp", "--topic", "top")) == {}
+    assert cli._delta_config(parse("subscriptions", "update", "exp", "--clear-delta-export")) == {"delta_config": None}
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (("subscriptions", "create", "exp", "--topic", "top", "--delta-write-metadata"), "--delta-write-metadata"),
+        (("subscriptions", "create", "exp", "--topic", "top", "--delta-table", "rel/t"), "delta_config.table"),
+        (("subscriptions", "update", "exp", "--clear-delta-export", "--delta-table", "/t"), "--clear-delta-export"),
+    ],
+)
+def test_bad_delta_export_flags_are_refused_before_anything_opens(argv, field):
+    with pytest.raises(InvalidArgument) as e:
+        cli._delta_config(parse(*argv))
+    assert e.value.field == field

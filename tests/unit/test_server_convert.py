@@ -60,8 +60,8 @@ def test_create_values_of_every_supported_field() -> None:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("bigquery_config", pb.BigQueryConfig(table="p.d.t")), ("cloud_storage_config", pb.CloudStorageConfig(bucket="b")),
-     ("tags", {"k": "v"})],
+    # bigquery_config is deltabus's Delta export (issue 17): tests/unit/test_export_config.py.
+    [("cloud_storage_config", pb.CloudStorageConfig(bucket="b")), ("tags", {"k": "v"})],
 )
 def test_an_unsupported_subscription_field_is_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(InvalidArgument) as e:
@@ -203,3 +203,44 @@ def test_snapshot_to_proto() -> None:
     assert out == pb.Snapshot(name=N, topic=T, expire_time=when, labels={"a": "b"})
     assert convert.snapshot_to_proto(Snapshot(name=N, topic=T, expire_time=when.replace(tzinfo=None))).expire_time == when
     assert "expire_time" not in convert.snapshot_to_proto(Snapshot(name=N, topic=T))
+
+
+# -- bigquery_config is deltabus's Delta export (issue 17) ----------------------------------------
+def test_bigquery_config_becomes_delta_config_and_back() -> None:
+    sub = pb.Subscription(name=S, topic=T, bigquery_config=pb.BigQueryConfig(table="/data/t", write_metadata=True))
+    v = convert.subscription_values(sub)
+    assert v["delta_config"] == {"table": "/data/t", "write_metadata": True, "drop_unknown_fields": False}
+    assert "bigquery_config" not in v
+    from deltabus.types import DeltaConfig
+
+    out = convert.subscription_to_proto(Subscription(S, T, delta_config=DeltaConfig("/data/t", True, True)))
+    assert out.bigquery_config.table == "/data/t" and out.bigquery_config.write_metadata
+    assert out.bigquery_config.drop_unknown_fields and out.bigquery_config.state == pb.BigQueryConfig.State.ACTIVE
+    assert "bigquery_config" not in convert.set_fields(convert.subscription_to_proto(Subscription(S, T)))
+
+
+def test_an_unsupported_bigquery_config_field_is_refused_by_name() -> None:
+    with pytest.raises(InvalidArgument) as e:
+        convert.subscription_values(pb.Subscription(name=S, topic=T, bigquery_config=pb.BigQueryConfig(table="/t", use_topic_schema=True)))
+    assert e.value.field == "subscription.bigquery_config.use_topic_schema"
+    # state is output only: ignored
+    sub = pb.Subscription(name=S, topic=T, bigquery_config=pb.BigQueryConfig(table="/t", state=pb.BigQueryConfig.State.ACTIVE))
+    assert convert.subscription_values(sub)["delta_config"]["table"] == "/t"
+
+
+def test_an_update_mask_naming_bigquery_config_updates_delta_config() -> None:
+    paths = ["bigquery_config", "labels"]
+    v = convert.subscription_values(pb.Subscription(name=S), paths)
+    assert v["delta_config"] is None  # unset: the export is removed
+    assert convert.update_paths(paths) == ["delta_config", "labels"]
+
+
+def test_errors_name_bigquery_config_on_the_wire() -> None:
+    e = convert.api_field_names(InvalidArgument("delta_config.table", "must be an absolute path"))
+    assert e.field == "bigquery_config.table"
+    e = convert.api_field_names(InvalidArgument("subscription.delta_config", "x"))
+    assert e.field == "subscription.bigquery_config"
+    e = convert.api_field_names(InvalidArgument("delta_config", "push (push_config.push_endpoint) or a Delta export (delta_config.table)"))
+    assert e.field == "bigquery_config" and "bigquery_config.table" in e.rule
+    other = InvalidArgument("labels", "bad")
+    assert convert.api_field_names(other) is other

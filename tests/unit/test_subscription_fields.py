@@ -195,3 +195,48 @@ def test_plan_migration():
     assert recorded_version(BACKLOG, {}) == 1
     with pytest.raises(FailedPrecondition, match="newer deltabus"):
         plan_migration(BACKLOG, names, {SCHEMA_VERSION_KEY: "4"})
+
+
+# -- Delta export (issue 17) ------------------------------------------------------------------
+def test_delta_config_is_a_version_6_updatable_column_that_round_trips_through_a_row():
+    from deltabus.types import DeltaConfig
+
+    c = sf.BY_NAME["delta_config"]
+    assert c.since == 6 and c.updatable and c.nullable and c.default() is None
+    assert SUBSCRIPTIONS.version == 6
+    cfg = DeltaConfig("/data/out", write_metadata=True)
+    assert c.load(c.store(cfg)) == cfg
+    assert c.load(None) is None  # a row older than the column: no export
+
+
+@pytest.mark.parametrize(
+    "value, field, rule",
+    [
+        ({"table": "relative/path"}, "delta_config.table", "absolute path or a URI"),
+        ({"table": "/a b"}, "delta_config.table", "whitespace"),
+        ({"table": "/" + "x" * 5000}, "delta_config.table", "at most 4096"),
+        ({"table": "/t", "write_metadata": "yes"}, "delta_config.write_metadata", "boolean"),
+        ({"table": "", "write_metadata": True}, "delta_config.table", "required"),
+        ({"table": "/t", "partition": "x"}, "delta_config", "unknown fields"),
+        ("/t", "delta_config", "must be a DeltaConfig"),
+    ],
+)
+def test_a_bad_delta_config_names_the_field_and_rule(value, field, rule):
+    with pytest.raises(InvalidArgument) as e:
+        sf.create_settings({"name": "projects/p/subscriptions/sub", "topic": "projects/p/topics/top", "delta_config": value})
+    assert e.value.field == field and rule in e.value.rule
+
+
+def test_an_empty_delta_config_is_no_export_and_a_uri_is_accepted():
+    base = {"name": "projects/p/subscriptions/sub", "topic": "projects/p/topics/top"}
+    assert sf.create_settings({**base, "delta_config": {}}).delta_config is None
+    assert sf.create_settings({**base, "delta_config": {"table": "s3://bucket/t"}}).delta_config.table == "s3://bucket/t"
+
+
+def test_push_and_delta_export_are_mutually_exclusive():
+    base = {"name": "projects/p/subscriptions/sub", "topic": "projects/p/topics/top"}
+    both = sf.create_settings({**base, "delta_config": {"table": "/t"}, "push_config": {"push_endpoint": "https://a.example/p"}})
+    with pytest.raises(InvalidArgument) as e:
+        sf.check_delivery_kind(both)
+    assert e.value.field == "delta_config" and "either push" in e.value.rule
+    sf.check_delivery_kind(sf.create_settings({**base, "delta_config": {"table": "/t"}}))  # export alone: fine

@@ -10,6 +10,14 @@ transforms, ...) is refused with INVALID_ARGUMENT naming it when set, rather
 than dropped: a program that asks for a feature must not believe it has it. Output-only
 fields (``state``, ``satisfies_pzs``, ...) are ignored.
 
+``bigquery_config`` (issue 17) carries deltabus's Delta export (``delta_config``): its
+``table`` is a Delta table's absolute path or URI here, not a BigQuery table id, and
+``write_metadata`` / ``drop_unknown_fields`` mean what they mean for BigQuery. So a Pub/Sub
+user's admin code (Terraform, scripts) that creates BigQuery subscriptions works unchanged
+with a Delta path. ``use_topic_schema``, ``use_table_schema`` and ``service_account_email``
+are refused when set; ``state`` is output only and is returned as ACTIVE (an export's write
+errors are in the ``backlog`` table's ``last_error``, as a push endpoint's).
+
 ``enable_exactly_once_delivery`` (issue 15) is a plain boolean both ways; the library
 refuses it on a push subscription (``subscription_fields.check_exactly_once``).
 
@@ -40,8 +48,10 @@ TOPIC_OUTPUT_ONLY = frozenset({"state", "satisfies_pzs"})
 SUBSCRIPTION_FIELDS = frozenset(
     {"name", "topic", "push_config", "ack_deadline_seconds", "labels", "enable_message_ordering", "filter",
      "dead_letter_policy", "retry_policy", "expiration_policy", "message_retention_duration", "retain_acked_messages",
-     "enable_exactly_once_delivery"}
+     "enable_exactly_once_delivery", "bigquery_config"}
 )
+BIGQUERY_CONFIG_FIELDS = frozenset({"table", "write_metadata", "drop_unknown_fields"})
+BIGQUERY_CONFIG_OUTPUT_ONLY = frozenset({"state"})
 SUBSCRIPTION_OUTPUT_ONLY = frozenset({"state", "topic_message_retention_duration", "analytics_hub_subscription_info"})
 PUSH_CONFIG_FIELDS = frozenset({"push_endpoint", "attributes", "oidc_token", "pubsub_wrapper", "no_wrapper"})
 CREATE_SNAPSHOT_FIELDS = frozenset({"name", "subscription", "labels"})
@@ -176,6 +186,8 @@ def subscription_values(sub: pb.Subscription, paths: Iterable[str] | None = None
                 out[name] = {"ttl": _seconds(getattr(sub.expiration_policy, "ttl")) if ttl else None}  # a timedelta (proto-plus)
             else:
                 out[name] = None
+        elif name == "bigquery_config":  # deltabus's delta_config; unset (or an empty table): no export
+            out["delta_config"] = bigquery_config_request(sub.bigquery_config, f"{where}.bigquery_config") if name in given else None
         elif name == "message_retention_duration":  # unset: the default, 7 days
             out[name] = _seconds(getattr(sub, name)) if name in given else None
         elif name == "labels":
@@ -186,6 +198,29 @@ def subscription_values(sub: pb.Subscription, paths: Iterable[str] | None = None
         else:
             out[name] = getattr(sub, name)
     return out
+
+
+def bigquery_config_request(config: pb.BigQueryConfig, where: str = "bigquery_config") -> dict[str, Any]:
+    """A BigQueryConfig as the ``delta_config`` dict ``types.DeltaConfig.coerce`` takes."""
+    refuse_unsupported(config, BIGQUERY_CONFIG_FIELDS, BIGQUERY_CONFIG_OUTPUT_ONLY, where)
+    return {"table": config.table, "write_metadata": bool(config.write_metadata),
+            "drop_unknown_fields": bool(config.drop_unknown_fields)}
+
+
+def api_field_names(exc: InvalidArgument) -> InvalidArgument:
+    """The error with deltabus's ``delta_config`` named as the API's ``bigquery_config``."""
+    for ours, api in (("subscription.delta_config", "subscription.bigquery_config"), ("delta_config", "bigquery_config")):
+        if exc.field == ours or exc.field.startswith(ours + "."):
+            renamed = InvalidArgument(api + exc.field[len(ours):], exc.rule.replace("delta_config", "bigquery_config"))
+            return renamed
+    if "delta_config" in exc.rule:
+        return InvalidArgument(exc.field, exc.rule.replace("delta_config", "bigquery_config"))
+    return exc
+
+
+def update_paths(paths: Iterable[str]) -> list[str]:
+    """An update mask's paths as deltabus names them (``bigquery_config`` -> ``delta_config``)."""
+    return ["delta_config" if p == "bigquery_config" else p for p in paths]
 
 
 def subscription_to_proto(sub: Subscription) -> pb.Subscription:
@@ -207,6 +242,11 @@ def subscription_to_proto(sub: Subscription) -> pb.Subscription:
         out.retry_policy = pb.RetryPolicy(
             minimum_backoff=dt.timedelta(seconds=sub.retry_policy.minimum_backoff),
             maximum_backoff=dt.timedelta(seconds=sub.retry_policy.maximum_backoff),
+        )
+    if sub.delta_config is not None:
+        out.bigquery_config = pb.BigQueryConfig(
+            table=sub.delta_config.table, write_metadata=sub.delta_config.write_metadata,
+            drop_unknown_fields=sub.delta_config.drop_unknown_fields, state=pb.BigQueryConfig.State.ACTIVE,
         )
     ttl = sub.expiration_policy.ttl
     out.expiration_policy = pb.ExpirationPolicy(ttl=dt.timedelta(seconds=ttl)) if ttl is not None else pb.ExpirationPolicy()

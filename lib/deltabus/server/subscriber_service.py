@@ -93,8 +93,11 @@ class SubscriberService:
     # -- administration ------------------------------------------------------------------
     @rpc
     async def CreateSubscription(self, request: pb.Subscription, context: Context) -> pb.Subscription:
-        body = convert.subscription_values(request)
-        sub = await self.state.run(self.state.subscriber.create_subscription, request=body)
+        try:
+            body = convert.subscription_values(request)
+            sub = await self.state.run(self.state.subscriber.create_subscription, request=body)
+        except InvalidArgument as exc:  # delta_config is bigquery_config on the wire
+            raise convert.api_field_names(exc) from None
         return convert.subscription_to_proto(sub)
 
     @rpc
@@ -105,10 +108,13 @@ class SubscriberService:
     @rpc
     async def UpdateSubscription(self, request: pb.UpdateSubscriptionRequest, context: Context) -> pb.Subscription:
         paths = convert.mask_paths(request.update_mask if "update_mask" in request else None)
-        values = convert.subscription_values(request.subscription, paths)
-        values["name"] = request.subscription.name
-        body = {"subscription": values, "update_mask": paths}
-        sub = await self.state.run(self.state.subscriber.update_subscription, request=body)
+        try:
+            values = convert.subscription_values(request.subscription, paths)
+            values["name"] = request.subscription.name
+            body = {"subscription": values, "update_mask": convert.update_paths(paths)}
+            sub = await self.state.run(self.state.subscriber.update_subscription, request=body)
+        except InvalidArgument as exc:  # delta_config is bigquery_config on the wire
+            raise convert.api_field_names(exc) from None
         return convert.subscription_to_proto(sub)
 
     @rpc

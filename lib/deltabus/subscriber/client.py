@@ -127,6 +127,7 @@ class SubscriberClient(ClientBase):
         )
         settings = subscription_fields.create_settings(f, {"push_config": self._check_push})
         subscription_fields.check_exactly_once(settings)
+        subscription_fields.check_delivery_kind(settings)
         topic_rec = self._registry.topic(settings.topic)
         dead_letter.check_topic(self._registry, settings.dead_letter_policy)  # issue 13: NotFound, nothing written
         rec = self._registry.create_subscription(settings, topic_rec)
@@ -177,7 +178,7 @@ class SubscriberClient(ClientBase):
         update_mask: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     ) -> Subscription:
         """Change the fields named in update_mask (the updatable ones, as Pub/Sub's:
-        ack_deadline_seconds, push_config, labels, retry_policy, dead_letter_policy; see
+        ack_deadline_seconds, push_config, labels, retry_policy, dead_letter_policy, delta_config; see
         ``subscription_fields.UPDATABLE``). A path whose field the subscription leaves unset
         (None) clears it: ``retry_policy`` or ``dead_letter_policy`` then means no policy.
         ``filter`` and ``enable_message_ordering`` are fixed at creation."""
@@ -196,6 +197,8 @@ class SubscriberClient(ClientBase):
         rec = self._sub(sub_name, "subscription.name")
         changes = subscription_fields.update_changes(values, paths, {"push_config": self._check_push})
         subscription_fields.check_exactly_once(replace(rec, **changes), "subscription.enable_exactly_once_delivery")
+        subscription_fields.check_delivery_kind(
+            replace(rec, **changes), "subscription.delta_config" if "delta_config" in changes else "subscription.push_config")
         if "dead_letter_policy" in changes:  # issue 13: the new topic exists; the old policy's moves finish first
             dead_letter.check_topic(self._registry, changes["dead_letter_policy"])
             dead_letter.settle_before_change(self._engine, rec, self._clock, self._registry)
@@ -218,6 +221,7 @@ class SubscriberClient(ClientBase):
         push = self._check_push(PushConfig.coerce(f["push_config"]))
         rec = replace(self._sub(name), push_config=push)
         subscription_fields.check_exactly_once(rec, "push_config")
+        subscription_fields.check_delivery_kind(rec, "push_config")
         self._registry.replace_subscription(rec)
 
     @refused_when_closed
