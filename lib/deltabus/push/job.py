@@ -17,7 +17,10 @@ Every micro-batch (``DeliveryJob.on_batch``, the foreachBatch handler; ``process
    outcome back, to be folded in by a later batch. Each worker caps what it holds per
    subscription, so a slow endpoint (an ack deadline of up to 600 s) never holds back
    other subscriptions;
-5. the ``backlog`` table is rewritten every ``backlog_interval`` seconds
+5. the Delta export subscriptions (issue 17, ``exporter``) lease their messages through the
+   pull path, append them to their tables once and ack them; a table that cannot be
+   written leaves its messages unacked and its reason in the backlog's last_status/last_error;
+6. the ``backlog`` table is rewritten every ``backlog_interval`` seconds
    (``BacklogRefresher``), which also tells whether the job is idle.
 
 A lease runs for its ack deadline plus the time the job's recent commits took, so it counts
@@ -35,6 +38,7 @@ runner's); the pool's threads only touch its ``PushLedger``.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -60,6 +64,7 @@ from . import plan
 from .auth import TokenSource
 from .backlog_refresher import BacklogRefresher
 from .commit_pacer import CommitPacer
+from .exporter import DeltaExporter, ExportReport, export_subscriptions
 from .ledger import Collected
 from .micro_batch import BatchRows, already_committed, app_id_for, batch_rows, checkpoint_for
 from .outcome_ledger import HeldOutcomes, OutcomeLedger
@@ -154,6 +159,7 @@ class DeliveryJob:
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
         self._pool: PushPool | None = None  # started with the first pushes
+        self._exporter: DeltaExporter | None = None  # made with the first export subscription
         self.checkpoint = checkpoint_for(settings.checkpoint_path, self.engine.name)
         self.app_id = app_id_for(self.checkpoint)  # until bind_query names the streaming query
         self._query_bound: threading.Event | None = None  # set by expect_query: batches wait for bind_query
@@ -249,9 +255,13 @@ class DeliveryJob:
                 if uid in by_uid:
                     self.activity.used(by_uid[uid])
         self.book.settle(subs)
+        exports = export_subscriptions(records)
+        exported = self._export(exports, budget) if exports and batch_id is not None else 0
+        report.delivered += exported
         quiet = self.unsettled() == 0 and report.delivered == 0 and not merging and not result.fanned_out
-        # Idleness is only ever judged on a backlog computed in this very batch.
-        self.backlog.refresh(subs, self.book, force=batch_id is None or (quiet and self.until_idle))
+        # Idleness is only ever judged on a backlog computed in this very batch (export
+        # subscriptions' backlogs count: an export that cannot write is never idle).
+        self.backlog.refresh({**subs, **exports}, self.book, force=batch_id is None or (quiet and self.until_idle))
         report.backlog = self.backlog.total
         self.idle = quiet and self.backlog.nothing_left
         return self._finish(report, started)
@@ -298,6 +308,22 @@ class DeliveryJob:
             # every batch, the job would otherwise lease nothing for as long as it lasts.
             lease_fanout_limit=None if self._held_leases else FANOUT_LIMIT,
         )
+
+    def _export(self, exports: Mapping[str, SubscriptionRecord], budget: int) -> int:
+        """Run the Delta export subscriptions (``exporter``); how many messages were appended.
+        Their figures and errors go to the job's state for them, so the backlog table shows them."""
+        if self._exporter is None:
+            self._exporter = DeltaExporter(self.engine, os.path.join(self.checkpoint, "exports"), clock=self._clock)
+        done: ExportReport = self._exporter.run(exports, budget)
+        for uid, out in done.outcomes.items():
+            st = self.book.state(uid)
+            st.delivered += out.appended
+            st.acked += out.acked
+            if out.status is not None:
+                st.last_status = out.status
+            if out.error is not None:
+                st.last_error = out.error
+        return done.appended
 
     def _dead_letter_movers(self, subs: Mapping[str, SubscriptionRecord]) -> dict[str, DeadLetterMover]:
         """The dead-letter moves of the push subscriptions with a policy whose topic exists,
@@ -381,3 +407,6 @@ class DeliveryJob:
         if self._pool is not None:
             self._pool.close(wait)
             self._pool = None
+        if self._exporter is not None:
+            self._exporter.close()
+            self._exporter = None

@@ -1,0 +1,216 @@
+"""The push job's Delta export subscriptions (issue 17): lease, append once, ack.
+
+For each subscription with a ``delta_config`` (not detached), ``DeltaExporter.run``:
+
+1. leases messages through the normal pull path (``SubscriberClient.pull``), so it competes
+   fairly with other pullers and respects the filter, ordering keys and dead-letter policy;
+2. writes the batch's number and ack ids to the subscription's pending file
+   (``<checkpoint>/exports/<sub_uid>.json``, by atomic rename), before anything is appended;
+3. appends the batch to the target table as Delta application transaction
+   ``(app_id_for(sub_uid), batch)`` (``export_table.append_once``, which skips a batch the
+   table already records);
+4. acks the batch, then removes the pending file.
+
+Batch numbers grow by one per batch. Before a subscription's first batch in a run, and after
+any failure, the pending file is reconciled with the table: when the table records the
+pending batch, its append happened (the job died, or failed, between append and ack), so
+its ack ids are acked and nothing is appended again; otherwise its messages were never
+appended and come back when their leases end. Either way the next batch's number is above
+both. An ack after the deadline still counts while no one else has received the message,
+and nothing else leases it before the reconciliation: so after a crash at any point, every
+message lands in the table exactly once.
+
+A batch that cannot be written (no such path, permission denied, schema mismatch) leaves its
+messages unacked: they come back when their ack deadline passes, the backlog shows them, and
+``outcomes`` reports the reason (the job puts it in the ``backlog`` table's ``last_status``
+and ``last_error``). One subscription's failure never stops the others'. Runs on the job's
+thread only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from ..errors import DeltabusError
+from ..registry import SubscriptionRecord
+from ..storage import Engine
+from . import export_table
+from .export_table import ExportError
+
+log = logging.getLogger("deltabus.deliver")
+
+# Messages leased per export batch (one pull, one append, one ack).
+EXPORT_BATCH = 1000
+
+
+def app_id_for(sub_uid: str) -> str:
+    """The application transaction id of a subscription's export (a re-created subscription
+    with the same name has a new uid, so a new id)."""
+    return f"deltabus-export-{sub_uid}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A leased batch that may have been appended but not yet acked."""
+
+    batch: int
+    ack_ids: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError(f"a batch number is >= 1, got {self.batch}")
+
+
+class PendingFiles:
+    """Each export subscription's pending batch, one small JSON file per subscription uid."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _path(self, sub_uid: str) -> str:
+        return os.path.join(self.directory, f"{sub_uid}.json")
+
+    def read(self, sub_uid: str) -> Pending | None:
+        try:
+            with open(self._path(sub_uid), encoding="utf-8") as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return None
+        except ValueError:  # torn by a crash before the rename cannot happen; anything else is not ours
+            log.warning("ignoring an unreadable export pending file %s", self._path(sub_uid))
+            return None
+        return Pending(int(doc["batch"]), tuple(str(a) for a in doc["ack_ids"]))
+
+    def write(self, sub_uid: str, pending: Pending) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        final = self._path(sub_uid)
+        tmp = f"{final}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"batch": pending.batch, "ack_ids": list(pending.ack_ids)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+
+    def clear(self, sub_uid: str) -> None:
+        try:
+            os.remove(self._path(sub_uid))
+        except FileNotFoundError:
+            pass
+
+
+@dataclass(slots=True)
+class ExportOutcome:
+    """One subscription's export figures in a run: messages appended, acked, and the last
+    status (``"delta ok"`` or ``"delta <reason>"``) with the error's detail."""
+
+    appended: int = 0
+    acked: int = 0
+    status: str | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class ExportReport:
+    outcomes: dict[str, ExportOutcome] = field(default_factory=dict)  # by sub_uid
+
+    @property
+    def appended(self) -> int:
+        return sum(o.appended for o in self.outcomes.values())
+
+
+def export_subscriptions(records: Mapping[str, SubscriptionRecord]) -> dict[str, SubscriptionRecord]:
+    """The Delta export subscriptions among `records` (by name), by uid."""
+    return {r.sub_uid: r for r in records.values() if r.delta_config is not None and not r.detached}
+
+
+class DeltaExporter:
+    def __init__(
+        self,
+        engine: Engine,
+        pending_dir: str,
+        *,
+        clock: Callable[[], float],
+        storage_options: Mapping[str, str] | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """`pending_dir`: where the pending-batch files live (the job's checkpoint);
+        `batch_size`: messages per batch, 1..1000 (default ``EXPORT_BATCH``)."""
+        from ..subscriber import SubscriberClient
+
+        batch_size = EXPORT_BATCH if batch_size is None else batch_size
+        if not 1 <= batch_size <= 1000:
+            raise ValueError(f"batch_size must be 1..1000, got {batch_size}")
+        self._client = SubscriberClient(engine=engine, clock=clock, allow_http=False)
+        self._pending = PendingFiles(pending_dir)
+        self._storage_options = storage_options
+        self._batch_size = batch_size
+        self._next: dict[str, int] = {}  # sub_uid -> the next batch number (absent: reconcile first)
+        self._warned: dict[str, str] = {}  # sub_uid -> the error last logged
+
+    def run(self, subs: Mapping[str, SubscriptionRecord], budget: int) -> ExportReport:
+        """Export up to `budget` messages over `subs` (``export_subscriptions``, by uid)."""
+        report = ExportReport()
+        for uid, rec in subs.items():
+            out = report.outcomes.setdefault(uid, ExportOutcome())
+            try:
+                budget -= self._export(rec, out, budget)
+            except ExportError as exc:
+                self._next.pop(uid, None)  # reconcile before the next batch
+                out.status, out.error = f"delta {exc.reason}", str(exc)
+                if self._warned.get(uid) != out.error:  # once per new error, not every batch
+                    self._warned[uid] = out.error
+                    log.warning("export of %s failed; its messages stay unacked: %s", rec.name, exc)
+            except DeltabusError as exc:  # the subscription went away, or the warehouse refused a call
+                self._next.pop(uid, None)
+                out.status, out.error = "delta error", f"{type(exc).__name__}: {exc}"
+                log.warning("export of %s stopped this round: %s", rec.name, exc)
+        return report
+
+    def _reconcile(self, rec: SubscriptionRecord, out: ExportOutcome) -> int:
+        """The next batch number, after settling a pending batch (see the module's docstring)."""
+        assert rec.delta_config is not None
+        uid = rec.sub_uid
+        committed = export_table.committed_version(rec.delta_config.table, app_id_for(uid), self._storage_options) or 0
+        pending = self._pending.read(uid)
+        if pending is not None and committed >= pending.batch:
+            self._client.acknowledge(subscription=rec.name, ack_ids=list(pending.ack_ids))
+            out.acked += len(pending.ack_ids)
+            log.info("export of %s: batch %d was appended before a restart or failure; acked it now", rec.name, pending.batch)
+        self._pending.clear(uid)
+        return max(committed, pending.batch if pending is not None else 0) + 1
+
+    def _export(self, rec: SubscriptionRecord, out: ExportOutcome, budget: int) -> int:
+        """Export batches of `rec` until it has nothing leasable or `budget` is spent; how many."""
+        config = rec.delta_config
+        assert config is not None
+        uid = rec.sub_uid
+        if uid not in self._next:
+            self._next[uid] = self._reconcile(rec, out)
+        done = 0
+        while done < budget:
+            resp = self._client.pull(subscription=rec.name, max_messages=min(self._batch_size, budget - done),
+                                     return_immediately=True)
+            received = list(resp.received_messages)
+            if not received:
+                break
+            batch = self._next[uid]
+            ack_ids = [r.ack_id for r in received]
+            self._pending.write(uid, Pending(batch, tuple(ack_ids)))
+            rows = export_table.rows_for(config, rec.name, received)
+            if export_table.append_once(config, rows, app_id_for(uid), batch, self._storage_options):
+                out.appended += len(received)
+            self._client.acknowledge(subscription=rec.name, ack_ids=ack_ids)
+            self._pending.clear(uid)
+            self._next[uid] = batch + 1
+            out.acked += len(received)
+            out.status = "delta ok"
+            self._warned.pop(uid, None)
+            done += len(received)
+        return done
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,46 @@
+"""exporter: the pending-batch files, the application id and which subscriptions export.
+The exporting itself runs in the push job: tests/integration/test_delta_export.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltabus.push.exporter import Pending, PendingFiles, app_id_for, export_subscriptions
+from deltabus.registry import SubscriptionRecord
+from deltabus.types import DeltaConfig
+
+
+def test_a_pending_batch_round_trips_and_clears(tmp_path):
+    files = PendingFiles(str(tmp_path / "exports"))
+    assert files.read("uid-1") is None
+    files.write("uid-1", Pending(7, ("a", "b")))
+    assert files.read("uid-1") == Pending(7, ("a", "b"))
+    assert [p.name for p in (tmp_path / "exports").iterdir()] == ["uid-1.json"]  # no temporary file left
+    files.clear("uid-1")
+    files.clear("uid-1")  # twice: nothing to do
+    assert files.read("uid-1") is None
+
+
+def test_an_unreadable_pending_file_is_ignored(tmp_path):
+    (tmp_path / "uid-2.json").write_text("{not json")
+    assert PendingFiles(str(tmp_path)).read("uid-2") is None
+
+
+def test_batch_numbers_start_at_1():
+    with pytest.raises(ValueError):
+        Pending(0, ())
+
+
+def test_the_app_id_is_the_subscriptions_uid():
+    assert app_id_for("u1") == "deltabus-export-u1" != app_id_for("u2")
+
+
+def _rec(name: str, uid: str, **kw: object) -> SubscriptionRecord:
+    return SubscriptionRecord(name=f"projects/p/subscriptions/{name}", topic="projects/p/topics/top", sub_uid=uid,
+                              topic_uid="t", start_version=0, create_time=None, update_time=None, **kw)  # type: ignore[arg-type]
+
+
+def test_only_attached_subscriptions_with_a_delta_config_export():
+    recs = {r.name: r for r in (_rec("exp", "u1", delta_config=DeltaConfig("/t")), _rec("pull", "u2"),
+                                _rec("gone", "u3", delta_config=DeltaConfig("/t"), detached=True))}
+    assert list(export_subscriptions(recs)) == ["u1"]
