@@ -135,3 +135,21 @@ def test_unwritable_tables_keep_their_messages_show_the_error_in_sql_and_do_not_
     assert rows[subs["denied"]]["last_status"] == "delta permission denied"
     assert rows[subs["bad-path"]]["last_status"] == "delta not found"
     assert rows[subs["bad-path"]]["unacked"] == 300
+
+
+@pytest.mark.cluster  # ~40 s of delta-spark MERGEs on this machine: the separate group
+@pytest.mark.spark
+def test_the_delta_spark_engines_job_exports_too(spark, pub, sub, topic, warehouse, tmp_path):
+    from tests.conftest import requires_delta
+
+    requires_delta(spark)
+    table = str(tmp_path / "from_delta_spark")
+    s = sub.subscription_path("local", "export-on-delta-spark")
+    sub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": table, "write_metadata": True}})
+    ids = pub.publish_batch(topic, [{"data": f"m{i}".encode()} for i in range(200)])
+    job = DeliveryJob(spark, config.Settings(warehouse=warehouse, engine="delta-spark", backlog_interval=0.0))
+    try:
+        run_until(job, lambda: sub.get_backlog(s).num_unacked_messages == 0, batches=20)
+    finally:
+        job.close()
+    assert sorted(landed(table)["message_id"].to_pylist()) == sorted(ids)

@@ -256,8 +256,9 @@ class DeliveryJob:
                     self.activity.used(by_uid[uid])
         self.book.settle(subs)
         exports = export_subscriptions(records)
-        exported = self._export(exports, budget) if exports and batch_id is not None else 0
+        exported, export_acked = self._export(exports, budget) if exports and batch_id is not None else (0, 0)
         report.delivered += exported
+        report.acked += export_acked
         quiet = self.unsettled() == 0 and report.delivered == 0 and not merging and not result.fanned_out
         # Idleness is only ever judged on a backlog computed in this very batch (export
         # subscriptions' backlogs count: an export that cannot write is never idle).
@@ -309,8 +310,8 @@ class DeliveryJob:
             lease_fanout_limit=None if self._held_leases else FANOUT_LIMIT,
         )
 
-    def _export(self, exports: Mapping[str, SubscriptionRecord], budget: int) -> int:
-        """Run the Delta export subscriptions (``exporter``); how many messages were appended.
+    def _export(self, exports: Mapping[str, SubscriptionRecord], budget: int) -> tuple[int, int]:
+        """Run the Delta export subscriptions (``exporter``); how many messages were appended and acked.
         Their figures and errors go to the job's state for them, so the backlog table shows them."""
         if self._exporter is None:
             self._exporter = DeltaExporter(self.engine, os.path.join(self.checkpoint, "exports"), clock=self._clock)
@@ -323,7 +324,7 @@ class DeliveryJob:
                 st.last_status = out.status
             if out.error is not None:
                 st.last_error = out.error
-        return done.appended
+        return done.appended, sum(out.acked for out in done.outcomes.values())
 
     def _dead_letter_movers(self, subs: Mapping[str, SubscriptionRecord]) -> dict[str, DeadLetterMover]:
         """The dead-letter moves of the push subscriptions with a policy whose topic exists,
