@@ -153,3 +153,85 @@ def test_the_delta_spark_engines_job_exports_too(spark, pub, sub, topic, warehou
     finally:
         job.close()
     assert sorted(landed(table)["message_id"].to_pylist()) == sorted(ids)
+
+
+def test_a_table_that_keeps_failing_dead_letters_its_messages_and_ordering_holds(pub, csub, clock, topic, warehouse, tmp_path):
+    """The export leases through the pull path: a message its table refuses comes back after
+    its ack deadline with one more delivery attempt, and after max_delivery_attempts goes to
+    the dead-letter topic, as Pub/Sub does with a BigQuery subscription's failed writes. An
+    ordered subscription lands each key's messages in publish order."""
+    dl_topic = pub.topic_path("local", "export-dead-letters")
+    pub.create_topic(name=dl_topic)
+    dl_sub = csub.subscription_path("local", "export-dead-letters-pull")
+    csub.create_subscription(name=dl_sub, topic=dl_topic)
+    mismatch, ordered = str(tmp_path / "mismatch"), str(tmp_path / "ordered")
+    DeltaTable.create(mismatch, pa.schema([pa.field("data", pa.int64())]))
+    s_bad, s_ordered = csub.subscription_path("local", "export-poisoned"), csub.subscription_path("local", "export-ordered")
+    csub.create_subscription(request={"name": s_bad, "topic": topic, "delta_config": {"table": mismatch},
+                                      "dead_letter_policy": {"dead_letter_topic": dl_topic, "max_delivery_attempts": 5}})
+    csub.create_subscription(request={"name": s_ordered, "topic": topic, "enable_message_ordering": True,
+                                      "delta_config": {"table": ordered, "write_metadata": True}})
+    ids = pub.publish_batch(topic, [{"data": f"{k}-{i}".encode(), "ordering_key": k} for i in range(20) for k in ("a", "b")])
+    job = DeliveryJob(None, config.Settings(warehouse=warehouse, **SETTINGS), clock=clock)  # type: ignore[arg-type]
+    copies: list[object] = []
+    try:
+        for batch in range(1, 40):
+            job.process(None, batch)
+            clock.advance(11)  # past the 10 s ack deadline: the refused messages come back
+            copies += csub.pull(subscription=dl_sub, max_messages=100, return_immediately=True).received_messages
+            if len(copies) == len(ids) and csub.get_backlog(s_ordered).num_unacked_messages == 0:
+                break
+    finally:
+        job.close()
+    assert landed(mismatch).num_rows == 0
+    assert sorted(c.message.data for c in copies) == sorted(f"{k}-{i}".encode() for i in range(20) for k in ("a", "b"))  # type: ignore[attr-defined]
+    assert {c.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] for c in copies} == {"5"}  # type: ignore[attr-defined]
+    assert csub.get_backlog(s_bad).num_unacked_messages == 0
+    got = in_commit_order(ordered)
+    assert sorted(r["message_id"] for r in got) == sorted(ids)
+    for key in ("a", "b"):
+        seq = [r["data"].decode() for r in got if r["data"].decode().startswith(key)]
+        assert seq == [f"{key}-{i}" for i in range(20)]
+
+
+def in_commit_order(table: str) -> list[dict[str, object]]:
+    """The table's rows by the commit that added them (each export batch is one commit of one
+    file, whose rows keep the batch's order)."""
+    seen: set[object] = set()
+    rows: list[dict[str, object]] = []
+    for version in range(DeltaTable(table).version() + 1):
+        for r in DeltaTable(table, version=version).to_pyarrow_table().to_pylist():
+            if r["message_id"] not in seen:
+                seen.add(r["message_id"])
+                rows.append(r)
+    return rows
+
+
+def test_bad_delta_configs_through_the_client_name_field_and_rule_and_write_nothing(sub, topic, warehouse):
+    from deltabus.errors import InvalidArgument
+    from tests.conftest import table_versions
+
+    s = sub.subscription_path("local", "export-refused")
+    push = sub.subscription_path("local", "push-not-export")
+    sub.create_subscription(request={"name": push, "topic": topic, "push_config": {"push_endpoint": "https://example.com/p"}})
+    before = table_versions(warehouse)
+    cases = [
+        ({"name": s, "topic": topic, "delta_config": {"table": "dataset.table"}}, "delta_config.table", "absolute path or a URI"),
+        ({"name": s, "topic": topic, "delta_config": {"table": "/t", "write_metadata": 1}}, "delta_config.write_metadata", "boolean"),
+        ({"name": s, "topic": topic, "delta_config": {"table": "/t"}, "push_config": {"push_endpoint": "https://example.com/p"}},
+         "delta_config", "either push"),
+    ]
+    for request, field, rule in cases:
+        with pytest.raises(InvalidArgument) as e:
+            sub.create_subscription(request=request)
+        assert e.value.field == field and rule in e.value.rule
+    with pytest.raises(InvalidArgument) as e:
+        sub.update_subscription(subscription={"name": push, "delta_config": {"table": "/t"}}, update_mask=["delta_config"])
+    assert e.value.field == "subscription.delta_config" and "either push" in e.value.rule
+    assert table_versions(warehouse) == before  # nothing written
+    sub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": "/t"}})
+    before = table_versions(warehouse)
+    with pytest.raises(InvalidArgument) as e:  # and the other way round: an export cannot get an endpoint
+        sub.modify_push_config(subscription=s, push_config={"push_endpoint": "https://example.com/p"})
+    assert e.value.field == "push_config"
+    assert table_versions(warehouse) == before and sub.get_subscription(subscription=s).push_config.push_endpoint == ""
