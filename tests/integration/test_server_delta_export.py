@@ -56,3 +56,26 @@ def test_bad_bigquery_configs_are_invalid_argument_naming_the_field_and_write_no
         gsub.update_subscription(request={"subscription": {"name": S, "bigquery_config": {"table": "/t"}},
                                           "update_mask": {"paths": ["bigquery_config"]}})
     assert not gsub.get_subscription(subscription=S).bigquery_config.table
+
+
+def test_the_state_shows_a_table_the_push_job_cannot_write(gpub, gsub, warehouse: str, tmp_path) -> None:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from deltabus import config
+    from deltabus.push.job import DeliveryJob
+
+    table = str(tmp_path / "typed")
+    DeltaTable.create(table, pa.schema([pa.field("data", pa.int64())]))  # deltabus writes binary data
+    gpub.create_topic(name=T)
+    gsub.create_subscription(request={"name": S, "topic": T, "bigquery_config": {"table": table}})
+    gpub.publish(T, b"x").result()
+    assert gsub.get_subscription(subscription=S).bigquery_config.state == pb.BigQueryConfig.State.ACTIVE  # nothing tried yet
+    job = DeliveryJob(None, config.Settings(warehouse=warehouse, engine="delta-rs", backlog_interval=0.0))  # type: ignore[arg-type]
+    try:
+        job.process(None, 1)
+    finally:
+        job.close()
+    assert gsub.get_subscription(subscription=S).bigquery_config.state == pb.BigQueryConfig.State.SCHEMA_MISMATCH
+    (listed,) = gsub.list_subscriptions(project=f"projects/{PROJECT}")
+    assert listed.bigquery_config.state == pb.BigQueryConfig.State.SCHEMA_MISMATCH

@@ -244,3 +244,15 @@ def test_errors_name_bigquery_config_on_the_wire() -> None:
     assert e.field == "bigquery_config" and "bigquery_config.table" in e.rule
     other = InvalidArgument("labels", "bad")
     assert convert.api_field_names(other) is other
+
+
+@pytest.mark.parametrize(
+    "last_status, state",
+    [(None, "ACTIVE"), ("delta ok", "ACTIVE"), ("delta error", "ACTIVE"), ("delta not found", "NOT_FOUND"),
+     ("delta permission denied", "PERMISSION_DENIED"), ("delta schema mismatch", "SCHEMA_MISMATCH")],
+)
+def test_the_bigquery_config_state_follows_the_exports_last_outcome(last_status, state) -> None:
+    from deltabus.types import DeltaConfig
+
+    out = convert.subscription_to_proto(Subscription(S, T, delta_config=DeltaConfig("/t")), last_status)
+    assert out.bigquery_config.state == pb.BigQueryConfig.State[state]

@@ -15,8 +15,10 @@ fields (``state``, ``satisfies_pzs``, ...) are ignored.
 ``write_metadata`` / ``drop_unknown_fields`` mean what they mean for BigQuery. So a Pub/Sub
 user's admin code (Terraform, scripts) that creates BigQuery subscriptions works unchanged
 with a Delta path. ``use_topic_schema``, ``use_table_schema`` and ``service_account_email``
-are refused when set; ``state`` is output only and is returned as ACTIVE (an export's write
-errors are in the ``backlog`` table's ``last_error``, as a push endpoint's).
+are refused when set. ``state`` is output only: it follows the push job's latest outcome for
+the export (the ``backlog`` table's ``last_status``: ``delta permission denied`` ->
+PERMISSION_DENIED, ``delta not found`` -> NOT_FOUND, ``delta schema mismatch`` ->
+SCHEMA_MISMATCH, anything else or none yet -> ACTIVE), as Pub/Sub's reflects its last write.
 
 ``enable_exactly_once_delivery`` (issue 15) is a plain boolean both ways; the library
 refuses it on a push subscription (``subscription_fields.check_exactly_once``).
@@ -223,7 +225,20 @@ def update_paths(paths: Iterable[str]) -> list[str]:
     return ["delta_config" if p == "bigquery_config" else p for p in paths]
 
 
-def subscription_to_proto(sub: Subscription) -> pb.Subscription:
+EXPORT_STATES: dict[str, int] = {  # BigQueryConfig.State values
+    "delta permission denied": pb.BigQueryConfig.State.PERMISSION_DENIED,
+    "delta not found": pb.BigQueryConfig.State.NOT_FOUND,
+    "delta schema mismatch": pb.BigQueryConfig.State.SCHEMA_MISMATCH,
+}
+
+
+def export_state(last_status: str | None) -> int:
+    """A Delta export's BigQueryConfig state from the push job's latest outcome for it."""
+    return EXPORT_STATES.get(last_status or "", pb.BigQueryConfig.State.ACTIVE)
+
+
+def subscription_to_proto(sub: Subscription, export_status: str | None = None) -> pb.Subscription:
+    """`export_status`: the backlog's last_status of a Delta export (``export_state``)."""
     out = pb.Subscription(
         name=sub.name,
         topic=sub.topic,
@@ -246,7 +261,7 @@ def subscription_to_proto(sub: Subscription) -> pb.Subscription:
     if sub.delta_config is not None:
         out.bigquery_config = pb.BigQueryConfig(
             table=sub.delta_config.table, write_metadata=sub.delta_config.write_metadata,
-            drop_unknown_fields=sub.delta_config.drop_unknown_fields, state=pb.BigQueryConfig.State.ACTIVE,
+            drop_unknown_fields=sub.delta_config.drop_unknown_fields, state=export_state(export_status),
         )
     ttl = sub.expiration_policy.ttl
     out.expiration_policy = pb.ExpirationPolicy(ttl=dt.timedelta(seconds=ttl)) if ttl is not None else pb.ExpirationPolicy()

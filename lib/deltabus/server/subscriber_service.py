@@ -47,6 +47,7 @@ from google.pubsub_v1 import types as pb
 from ..delivery.model import IdResult, Result
 from ..errors import AcknowledgeError, AcknowledgeStatus, FailedPrecondition, InvalidArgument, NotFound
 from .. import ackid, names
+from ..storage.tables import BACKLOG
 from ..types import MAX_ACK_DEADLINE
 from . import convert, streaming
 from .calls import rpc
@@ -100,10 +101,23 @@ class SubscriberService:
             raise convert.api_field_names(exc) from None
         return convert.subscription_to_proto(sub)
 
+    def _export_statuses(self, subs: Any) -> dict[str, str | None]:
+        """The push job's latest outcome (backlog.last_status) of each Delta export among `subs`,
+        by name, for BigQueryConfig.state; a read of the backlog table only when there is one."""
+        wanted = {s.name for s in subs if s.delta_config is not None}
+        if not wanted:
+            return {}
+        rows = self.state.subscriber.engine.snapshot(BACKLOG.name).read(columns=["subscription", "last_status"]).to_pylist()
+        return {r["subscription"]: r["last_status"] for r in rows if r["subscription"] in wanted}
+
     @rpc
     async def GetSubscription(self, request: pb.GetSubscriptionRequest, context: Context) -> pb.Subscription:
-        sub = await self.state.run(self.state.subscriber.get_subscription, request={"subscription": request.subscription})
-        return convert.subscription_to_proto(sub)
+        def get() -> tuple[Any, dict[str, str | None]]:
+            sub = self.state.subscriber.get_subscription(request={"subscription": request.subscription})
+            return sub, self._export_statuses([sub])
+
+        sub, statuses = await self.state.run(get)
+        return convert.subscription_to_proto(sub, statuses.get(sub.name))
 
     @rpc
     async def UpdateSubscription(self, request: pb.UpdateSubscriptionRequest, context: Context) -> pb.Subscription:
@@ -121,12 +135,14 @@ class SubscriberService:
     async def ListSubscriptions(self, request: pb.ListSubscriptionsRequest, context: Context) -> pb.ListSubscriptionsResponse:
         body = page_request(("project", request.project), request.page_size, request.page_token)
 
-        def first_page() -> Any:
-            return next(iter(self.state.subscriber.list_subscriptions(request=body).pages))
+        def first_page() -> tuple[Any, dict[str, str | None]]:
+            page = next(iter(self.state.subscriber.list_subscriptions(request=body).pages))
+            return page, self._export_statuses(page.subscriptions)
 
-        page = await self.state.run(first_page)
+        page, statuses = await self.state.run(first_page)
         return pb.ListSubscriptionsResponse(
-            subscriptions=[convert.subscription_to_proto(s) for s in page.subscriptions], next_page_token=page.next_page_token
+            subscriptions=[convert.subscription_to_proto(s, statuses.get(s.name)) for s in page.subscriptions],
+            next_page_token=page.next_page_token,
         )
 
     @rpc
