@@ -508,10 +508,14 @@ def public_values(values: Any) -> dict[str, Any]:
 
 
 def check_exactly_once(values: Any, path: str = "enable_exactly_once_delivery") -> None:
-    """Refuse exactly-once delivery on a push subscription (Pub/Sub's rule: it is a pull
-    feature). `values` has ``push_config`` and ``enable_exactly_once_delivery``."""
+    """Refuse exactly-once delivery on a push or Delta export subscription (Pub/Sub's rule: it
+    is a pull feature). `values` has ``push_config``, ``delta_config`` and
+    ``enable_exactly_once_delivery``."""
     if values.enable_exactly_once_delivery and values.push_config.is_push:
         raise InvalidArgument(path, "a push subscription cannot enable exactly-once delivery (pull subscriptions only)")
+    if values.enable_exactly_once_delivery and values.delta_config is not None:
+        # As Pub/Sub's export subscriptions; the export is exactly-once into its table anyway.
+        raise InvalidArgument(path, "a Delta export subscription cannot enable exactly-once delivery (pull subscriptions only)")
 
 
 def check_delivery_kind(values: Any, path: str = "delta_config") -> None:

@@ -228,6 +228,12 @@ def test_bad_delta_configs_through_the_client_name_field_and_rule_and_write_noth
     with pytest.raises(InvalidArgument) as e:
         sub.update_subscription(subscription={"name": push, "delta_config": {"table": "/t"}}, update_mask=["delta_config"])
     assert e.value.field == "subscription.delta_config" and "either push" in e.value.rule
+    once = sub.subscription_path("local", "exactly-once-pull")
+    sub.create_subscription(request={"name": once, "topic": topic, "enable_exactly_once_delivery": True})
+    before = table_versions(warehouse)
+    with pytest.raises(InvalidArgument) as e:  # Pub/Sub's export subscriptions have no exactly-once delivery
+        sub.update_subscription(subscription={"name": once, "delta_config": {"table": "/t"}}, update_mask=["delta_config"])
+    assert e.value.field == "subscription.delta_config" and "exactly-once" in e.value.rule
     assert table_versions(warehouse) == before  # nothing written
     sub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": "/t"}})
     before = table_versions(warehouse)

@@ -240,3 +240,11 @@ def test_push_and_delta_export_are_mutually_exclusive():
         sf.check_delivery_kind(both)
     assert e.value.field == "delta_config" and "either push" in e.value.rule
     sf.check_delivery_kind(sf.create_settings({**base, "delta_config": {"table": "/t"}}))  # export alone: fine
+
+
+def test_a_delta_export_cannot_enable_exactly_once_delivery_as_pubsubs_export_subscriptions():
+    base = {"name": "projects/p/subscriptions/sub", "topic": "projects/p/topics/top", "delta_config": {"table": "/t"}}
+    with pytest.raises(InvalidArgument) as e:
+        sf.check_exactly_once(sf.create_settings({**base, "enable_exactly_once_delivery": True}))
+    assert e.value.field == "enable_exactly_once_delivery" and "Delta export" in e.value.rule
+    sf.check_exactly_once(sf.create_settings(base))

@@ -196,7 +196,10 @@ class SubscriberClient(ClientBase):
             raise InvalidArgument("subscription", f"must be a Subscription or a dict, got {type(raw).__name__}")
         rec = self._sub(sub_name, "subscription.name")
         changes = subscription_fields.update_changes(values, paths, {"push_config": self._check_push})
-        subscription_fields.check_exactly_once(replace(rec, **changes), "subscription.enable_exactly_once_delivery")
+        subscription_fields.check_exactly_once(
+            replace(rec, **changes),
+            "subscription.delta_config" if "delta_config" in changes and "enable_exactly_once_delivery" not in changes
+            else "subscription.enable_exactly_once_delivery")
         subscription_fields.check_delivery_kind(
             replace(rec, **changes), "subscription.delta_config" if "delta_config" in changes else "subscription.push_config")
         if "dead_letter_policy" in changes:  # issue 13: the new topic exists; the old policy's moves finish first
