@@ -180,8 +180,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         start = min(t0 for _, t0, _ in timeline)
         busy = sum(t1 - t0 for _, t0, t1 in timeline)
         longest = sorted(timeline, key=lambda r: r[1] - r[2])[:3]
-        # Every scenario's start and end, to balance the two lanes (OUT_OF_PROCESS, BACKGROUND).
-        path = background.BASETEMP[0] / "background-timeline.json"
+        # Every scenario's start and end, to balance the two lanes (OUT_OF_PROCESS, BACKGROUND):
+        # under build/ for this repository's own sessions, as later sessions prune the temp
+        # roots of earlier ones (keeping three).
+        own = terminalreporter.config.rootpath == ROOT and background.INNER not in os.environ
+        path = (ROOT / "build" if own else background.BASETEMP[0]) / "background-timeline.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps([{"name": name, "start_s": round(t0 - start, 1), "end_s": round(t1 - start, 1)}
                                     for name, t0, t1 in timeline], indent=1))
         terminalreporter.write_line(
