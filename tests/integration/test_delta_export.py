@@ -241,3 +241,23 @@ def test_bad_delta_configs_through_the_client_name_field_and_rule_and_write_noth
         sub.modify_push_config(subscription=s, push_config={"push_endpoint": "https://example.com/p"})
     assert e.value.field == "push_config"
     assert table_versions(warehouse) == before and sub.get_subscription(subscription=s).push_config.push_endpoint == ""
+
+
+def test_two_jobs_exporting_one_subscription_each_append_their_own_batches(pub, sub, topic, warehouse, tmp_path):
+    table = str(tmp_path / "shared")
+    s = sub.subscription_path("local", "export-two-jobs")
+    sub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": table, "write_metadata": True}})
+    ids = pub.publish_batch(topic, [{"data": f"m{i}".encode()} for i in range(3000)])
+    jobs = [DeliveryJob(None, config.Settings(warehouse=warehouse, checkpoint_dir=str(tmp_path / f"ckpt-{n}"),  # type: ignore[arg-type]
+                                              max_pushes_per_batch=500, **SETTINGS)) for n in (1, 2)]
+    try:
+        for batch in range(1, 20):
+            for job in jobs:  # interleaved: both count batches 1, 2, ... of their own
+                job.process(None, batch)
+            if sub.get_backlog(s).num_unacked_messages == 0:
+                break
+    finally:
+        for job in jobs:
+            job.close()
+    got = landed(table)["message_id"].to_pylist()
+    assert sorted(got) == sorted(ids)  # none skipped as "already appended", none twice

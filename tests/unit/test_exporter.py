@@ -31,8 +31,11 @@ def test_batch_numbers_start_at_1():
         Pending(0, ())
 
 
-def test_the_app_id_is_the_subscriptions_uid():
-    assert app_id_for("u1") == "deltabus-export-u1" != app_id_for("u2")
+def test_the_app_id_is_the_subscriptions_uid_and_the_jobs_checkpoint(tmp_path):
+    one, other = str(tmp_path / "a" / "exports"), str(tmp_path / "b" / "exports")
+    assert app_id_for("u1", one).startswith("deltabus-export-u1-")
+    assert app_id_for("u1", one) == app_id_for("u1", one) != app_id_for("u2", one)
+    assert app_id_for("u1", one) != app_id_for("u1", other)  # two jobs count their own batches
 
 
 def _rec(name: str, uid: str, **kw: object) -> SubscriptionRecord:

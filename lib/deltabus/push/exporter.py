@@ -7,7 +7,7 @@ For each subscription with a ``delta_config`` (not detached), ``DeltaExporter.ru
 2. writes the batch's number and ack ids to the subscription's pending file
    (``<checkpoint>/exports/<sub_uid>.json``, by atomic rename), before anything is appended;
 3. appends the batch to the target table as Delta application transaction
-   ``(app_id_for(sub_uid), batch)`` (``export_table.append_once``, which skips a batch the
+   ``(app_id_for(sub_uid, pending directory), batch)`` (``export_table.append_once``, which skips a batch the
    table already records);
 4. acks the batch, then removes the pending file.
 
@@ -29,6 +29,7 @@ thread only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -47,10 +48,14 @@ log = logging.getLogger("deltabus.deliver")
 EXPORT_BATCH = 1000
 
 
-def app_id_for(sub_uid: str) -> str:
-    """The application transaction id of a subscription's export (a re-created subscription
-    with the same name has a new uid, so a new id)."""
-    return f"deltabus-export-{sub_uid}"
+def app_id_for(sub_uid: str, pending_dir: str) -> str:
+    """The application transaction id of a subscription's export by the job whose pending
+    files are in `pending_dir`: from the subscription's uid (a re-created subscription with
+    the same name has a new one) and that directory. Two jobs on one warehouse (each with its
+    own checkpoint) lease different messages and count their own batches, so each has its own
+    id: with one id, the second to append batch n would find n recorded and skip its batch."""
+    scope = hashlib.sha256(os.path.abspath(pending_dir).encode()).hexdigest()[:12]
+    return f"deltabus-export-{sub_uid}-{scope}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +175,14 @@ class DeltaExporter:
                 log.warning("export of %s stopped this round: %s", rec.name, exc)
         return report
 
+    def _app_id(self, sub_uid: str) -> str:
+        return app_id_for(sub_uid, self._pending.directory)
+
     def _reconcile(self, rec: SubscriptionRecord, out: ExportOutcome) -> int:
         """The next batch number, after settling a pending batch (see the module's docstring)."""
         assert rec.delta_config is not None
         uid = rec.sub_uid
-        committed = export_table.committed_version(rec.delta_config.table, app_id_for(uid), self._storage_options) or 0
+        committed = export_table.committed_version(rec.delta_config.table, self._app_id(uid), self._storage_options) or 0
         pending = self._pending.read(uid)
         if pending is not None and committed >= pending.batch:
             self._client.acknowledge(subscription=rec.name, ack_ids=list(pending.ack_ids))
@@ -201,7 +209,7 @@ class DeltaExporter:
             ack_ids = [r.ack_id for r in received]
             self._pending.write(uid, Pending(batch, tuple(ack_ids)))
             rows = export_table.rows_for(config, rec.name, received)
-            if export_table.append_once(config, rows, app_id_for(uid), batch, self._storage_options):
+            if export_table.append_once(config, rows, self._app_id(uid), batch, self._storage_options):
                 out.appended += len(received)
             self._client.acknowledge(subscription=rec.name, ack_ids=ack_ids)
             self._pending.clear(uid)
