@@ -47,3 +47,30 @@ def test_only_attached_subscriptions_with_a_delta_config_export():
     recs = {r.name: r for r in (_rec("exp", "u1", delta_config=DeltaConfig("/t")), _rec("pull", "u2"),
                                 _rec("gone", "u3", delta_config=DeltaConfig("/t"), detached=True))}
     assert list(export_subscriptions(recs)) == ["u1"]
+
+
+def test_a_batch_number_another_writer_recorded_is_not_acked(tmp_path, monkeypatch):
+    """If the table already records the batch about to be appended (a second writer under this
+    job's id), the exporter must not ack messages it did not append."""
+    from deltabus import PublisherClient, SubscriberClient
+    from deltabus.push import export_table
+    from deltabus.push.exporter import DeltaExporter, ExportOutcome
+
+    warehouse = str(tmp_path / "w")
+    pub = PublisherClient(warehouse=warehouse)
+    pub.create_topic(name="projects/p/topics/top")
+    sub = SubscriberClient(warehouse=warehouse)
+    rec_name = "projects/p/subscriptions/exp"
+    sub.create_subscription(request={"name": rec_name, "topic": "projects/p/topics/top",
+                                     "delta_config": {"table": str(tmp_path / "t")}})
+    pub.publish_batch("projects/p/topics/top", [{"data": b"x"}])
+    ex = DeltaExporter(sub.engine, str(tmp_path / "exports"), clock=__import__("time").time)
+    monkeypatch.setattr(export_table, "append_once", lambda *a, **k: False)
+    rec = {r.sub_uid: r for r in sub._registry.subscriptions().values()}
+    out = ex.run(rec, 100).outcomes[next(iter(rec))]
+    assert out == ExportOutcome(appended=0, acked=0, status="delta error", error=out.error) and "already recorded" in str(out.error)
+    assert sub.get_backlog(rec_name).num_unacked_messages == 1
+    assert not list((tmp_path / "exports").glob("*.json"))  # reconciling will not ack them
+    ex.close()
+    pub.stop()
+    sub.close()

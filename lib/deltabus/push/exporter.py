@@ -209,8 +209,15 @@ class DeltaExporter:
             ack_ids = [r.ack_id for r in received]
             self._pending.write(uid, Pending(batch, tuple(ack_ids)))
             rows = export_table.rows_for(config, rec.name, received)
-            if export_table.append_once(config, rows, self._app_id(uid), batch, self._storage_options):
-                out.appended += len(received)
+            if not export_table.append_once(config, rows, self._app_id(uid), batch, self._storage_options):
+                # Another process writing under this job's id (a second job on the same
+                # checkpoint) recorded this batch number: these messages were not appended.
+                # Leave them leased (they come back) and forget the pending file, so that
+                # reconciling does not ack them; it numbers the next batch past the table's.
+                self._pending.clear(uid)
+                raise ExportError("error", f"batch {batch} is already recorded in the table by another writer with this "
+                                           "job's application id (two jobs on one checkpoint?); these messages come back")
+            out.appended += len(received)
             self._client.acknowledge(subscription=rec.name, ack_ids=ack_ids)
             self._pending.clear(uid)
             self._next[uid] = batch + 1
