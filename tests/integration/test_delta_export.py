@@ -261,3 +261,28 @@ def test_two_jobs_exporting_one_subscription_each_append_their_own_batches(pub, 
             job.close()
     got = landed(table)["message_id"].to_pylist()
     assert sorted(got) == sorted(ids)  # none skipped as "already appended", none twice
+
+
+def test_the_cli_creates_shows_and_clears_a_delta_export(sub, topic, warehouse, tmp_path):
+    import io
+    import json
+
+    from deltabus import cli
+
+    table = str(tmp_path / "from_cli")
+    out = io.StringIO()
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "create", "export-cli", "--topic", "orders",
+                     "--delta-table", table, "--delta-write-metadata"], out=out) == 0
+    assert "created Delta export subscription projects/local/subscriptions/export-cli" in out.getvalue()
+    shown = io.StringIO()
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "get", "export-cli"], out=shown) == 0
+    assert json.loads(shown.getvalue())["delta_config"] == {"table": table, "write_metadata": True, "drop_unknown_fields": False}
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli", "--delta-table", table,
+                     "--delta-drop-unknown-fields"], out=io.StringIO()) == 0
+    cfg = sub.get_subscription(subscription="projects/local/subscriptions/export-cli").delta_config
+    assert cfg is not None and cfg.drop_unknown_fields and not cfg.write_metadata
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli", "--clear-delta-export"], out=io.StringIO()) == 0
+    assert sub.get_subscription(subscription="projects/local/subscriptions/export-cli").delta_config is None
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "create", "export-cli-2", "--topic", "orders",
+                     "--delta-table", "relative/t"], out=io.StringIO()) == 1  # refused, one line, nothing created
+    assert [s.name for s in sub.list_subscriptions(project="local")] == ["projects/local/subscriptions/export-cli"]
