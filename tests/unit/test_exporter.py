@@ -74,3 +74,21 @@ def test_a_batch_number_another_writer_recorded_is_not_acked(tmp_path, monkeypat
     ex.close()
     pub.stop()
     sub.close()
+
+
+def test_each_run_starts_with_the_next_subscription_so_a_large_backlog_starves_none(tmp_path, monkeypatch):
+    from deltabus.push.exporter import DeltaExporter
+
+    ex = DeltaExporter.__new__(DeltaExporter)  # only the turn-taking: no client, no files
+    ex._turn, ex._next, ex._warned = 0, {}, {}
+    order: list[str] = []
+
+    def export(rec, out, budget):  # type: ignore[no-untyped-def]
+        order.append(rec.sub_uid)
+        return budget  # takes the whole budget
+
+    monkeypatch.setattr(ex, "_export", export)
+    recs = {u: _rec(u, u, delta_config=DeltaConfig("/t")) for u in ("u1", "u2", "u3")}
+    for _ in range(3):
+        ex.run(recs, 100)
+    assert order[0::3] == ["u1", "u2", "u3"]  # a different first each run

@@ -155,11 +155,17 @@ class DeltaExporter:
         self._batch_size = batch_size
         self._next: dict[str, int] = {}  # sub_uid -> the next batch number (absent: reconcile first)
         self._warned: dict[str, str] = {}  # sub_uid -> the error last logged
+        self._turn = 0  # runs so far: where the next run starts
 
     def run(self, subs: Mapping[str, SubscriptionRecord], budget: int) -> ExportReport:
         """Export up to `budget` messages over `subs` (``export_subscriptions``, by uid)."""
         report = ExportReport()
-        for uid, rec in subs.items():
+        items = list(subs.items())
+        if items:  # each run starts one further along: a large backlog never starves the others of the budget
+            start = self._turn % len(items)
+            items = items[start:] + items[:start]
+            self._turn += 1
+        for uid, rec in items:
             out = report.outcomes.setdefault(uid, ExportOutcome())
             try:
                 budget -= self._export(rec, out, budget)
@@ -169,7 +175,7 @@ class DeltaExporter:
                 if self._warned.get(uid) != out.error:  # once per new error, not every batch
                     self._warned[uid] = out.error
                     log.warning("export of %s failed; its messages stay unacked: %s", rec.name, exc)
-            except DeltabusError as exc:  # the subscription went away, or the warehouse refused a call
+            except (DeltabusError, OSError) as exc:  # the subscription went away, the warehouse refused a call, the pending file
                 self._next.pop(uid, None)
                 out.status, out.error = "delta error", f"{type(exc).__name__}: {exc}"
                 log.warning("export of %s stopped this round: %s", rec.name, exc)
