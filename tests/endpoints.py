@@ -85,7 +85,7 @@ def _serve_forever(port_queue, counter) -> None:  # pragma: no cover - runs in a
         await runner.setup()
         site = _web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
         await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])
+        port_queue.put(runner.addresses[0][1])
         await _asyncio.Event().wait()
 
     _asyncio.run(main())

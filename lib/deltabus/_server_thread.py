@@ -47,9 +47,20 @@ class ServerThread:
         except BaseException as exc:  # e.g. the port is taken: report it from start()
             self._error = exc
             self._ready.set()
+            self._loop.close()
             return
         self._ready.set()
         self._loop.run_forever()
+        # stop() ran the runner's cleanup, which waits shutdown_timeout for handlers: one still
+        # waiting after it (an endpoint holding its answer) is cancelled here and the loop
+        # closed. Left pending, such tasks were destroyed with the loop at interpreter exit,
+        # each printing "Task was destroyed but it is pending!" after the test session ended.
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
     def start(self) -> "ServerThread":
         self._thread.start()
