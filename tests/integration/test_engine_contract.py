@@ -24,7 +24,7 @@ from deltabus.storage.tables import ALL, DELIVERIES, TS
 from tests.conftest import requires_delta
 
 # Its tests run in a pytest process of their own beside the session's others (tests/background.py):
-# about 110 s under load, nearly all of it delta-spark MERGEs in its SparkSession.
+# about 110 s under load for both halves, nearly all of it delta-spark MERGEs in its SparkSession.
 OUT_OF_PROCESS = True
 
 
@@ -46,7 +46,11 @@ def delta_spark_warehouse(template: Path, warehouse: str) -> str:
     return warehouse
 
 
-@pytest.fixture(params=["delta-rs", "delta-spark"])
+# The delta-spark half is in the `cluster` group with the other slow delta-spark runs
+# (./run-tests.sh -m cluster; CI runs both): in a pytest process of its own it took 128 s of the
+# suite's 911 s on a fresh clone (2026-11-27), a third of it starting and warming a JVM with
+# Delta that the suite's other delta-spark tests had already warmed in theirs.
+@pytest.fixture(params=["delta-rs", pytest.param("delta-spark", marks=pytest.mark.cluster)])
 def engine(request, warehouse):
     if request.param == "delta-spark":
         spark = request.getfixturevalue("spark")
