@@ -30,8 +30,9 @@ Two ways to run them:
 
 Only the scenarios of tests selected in this session start (`-k one_test` runs just it).
 ``BACKGROUND_TESTS = {scenario name: test names}`` names other tests that need a scenario.
-DELTABUS_TEST_PARALLEL overrides PARALLEL, DELTABUS_TEST_EARLY_PARALLEL EARLY_PARALLEL (1 and 1:
-one at a time, to compare, or on a machine whose cores are busy with something else).
+DELTABUS_TEST_PARALLEL overrides PARALLEL, DELTABUS_TEST_EARLY_PARALLEL EARLY_PARALLEL and
+DELTABUS_TEST_BESIDE BESIDE (1, 1 and 1: one at a time, to compare, or on a machine whose cores
+are busy with something else).
 Scenarios must be independent: their own warehouse, endpoint, ports and log files. Each
 keeps its test's body and assertions; its test re-raises whatever it raised (with its
 traceback) or gets what it returned.
@@ -59,6 +60,12 @@ Scenario = Callable[[Path], Any]
 
 PARALLEL = int(os.environ.get("DELTABUS_TEST_PARALLEL", "2"))
 EARLY_PARALLEL = int(os.environ.get("DELTABUS_TEST_EARLY_PARALLEL", "1"))
+# How many queued scenarios waiting tests may run beside the lane at once. While a test waits,
+# the pytest process is idle: its core takes one, and the lane's share of the other
+# leaves room for a second (fresh clone, 2026-11-27: the pytest process began waiting at
+# 750 s of 911 s with the lane and one beside it; the machine used 43% of its two cores
+# over the whole CI run).
+BESIDE = int(os.environ.get("DELTABUS_TEST_BESIDE", "2"))
 # A test's own limit (the suite's per-test timeout is 300 s) counts from its scenario's start.
 SCENARIO_TIMEOUT = 290.0
 # An out-of-process run is a module's tests one after another (each still has its own 300 s).
@@ -74,13 +81,14 @@ class Scenarios:
     checks each. With ``steal``, a test asking for a scenario that is still queued starts it
     at once, beside the slots (the test's thread would only wait otherwise), and waits for it
     with the same limit; a test waiting for a running one starts queued ones from the back
-    of the queue, one at a time.
+    of the queue, up to ``BESIDE`` at a time.
     That balances the early lane and the pytest process by themselves: the pytest process
     never idles while scenarios wait for a slot. (Not within a module: its PARALLEL slots
     already fill the two cores while its tests wait.)"""
 
-    def __init__(self, parallel: int = PARALLEL, *, steal: bool = False) -> None:
+    def __init__(self, parallel: int = PARALLEL, *, steal: bool = False, beside: int = BESIDE) -> None:
         self._steals = steal  # False: a test waits for its scenario's turn
+        self._beside_at_once = beside
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, threading.Event] = {}
         self._done: dict[str, threading.Event] = {}
@@ -94,7 +102,7 @@ class Scenarios:
         self._claimed: set[str] = set()
         self._steal: dict[str, Callable[[], threading.Thread]] = {}
         self._order: list[str] = []  # as started: the order tests will ask for them
-        self._beside: threading.Thread | None = None
+        self._beside: list[threading.Thread] = []
         self.run_beside_the_lane: list[str] = []
 
     def __contains__(self, name: str) -> bool:
@@ -143,22 +151,23 @@ class Scenarios:
         thread.start()
 
     def _steal_from_the_back(self) -> None:
-        """While a test waits: start the last scenario still queued, if none started this way
-        is still running. The lane takes scenarios from the front, in the order the tests will
-        ask for them; a test waiting for the one the lane runs would find each next one
-        already running (measured: a whole CI run in which no test ever found its scenario
-        queued, the lane busy 1,029 s and the pytest process waiting)."""
-        if self._beside is not None and self._beside.is_alive():
+        """While a test waits: start the last scenario still queued, if fewer than ``BESIDE``
+        started this way are still running. The lane takes scenarios from the front, in the
+        order the tests will ask for them; a test waiting for the one the lane runs would find
+        each next one already running (measured: a whole CI run in which no test ever found
+        its scenario queued, the lane busy 1,029 s and the pytest process waiting)."""
+        self._beside = [t for t in self._beside if t.is_alive()]
+        if len(self._beside) >= self._beside_at_once:
             return
         for name in reversed(self._order):
             if self._claim(name):
-                self._beside = self._steal[name]()
+                self._beside.append(self._steal[name]())
                 return
 
     def result(self, name: str, timeout: float = SCENARIO_TIMEOUT) -> Any:
         """Start `name`'s scenario at once if it is still queued; wait for it (at most `timeout`
-        s from its start), meanwhile starting queued ones from the back of the queue, one at a
-        time. Raise what it raised, or return what it returned."""
+        s from its start), meanwhile starting queued ones from the back of the queue, up to
+        ``BESIDE`` at a time. Raise what it raised, or return what it returned."""
         if self._steals and self._claim(name):
             self._steal[name]()
         while not self._started[name].wait(0.5):

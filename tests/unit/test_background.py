@@ -215,3 +215,37 @@ def test_tests_that_wait_for_a_scenario_run_after_every_test_that_does_not(sessi
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "--collect-only", "-q")
     order = [line.split("::")[1] for line in result.stdout.lines if "::" in line]
     assert order == ["test_plain", "test_a_first", "test_a_last", "test_b_alone", "test_a_waits", "test_b_waits"]
+
+
+def test_waiting_tests_run_at_most_beside_scenarios_beside_the_lane_at_once(tmp_path) -> None:
+    import threading
+
+    lanes = background.Scenarios(parallel=1, steal=True, beside=2)
+    release = threading.Event()
+    running: set[str] = set()
+    most: list[int] = [0]
+    lock = threading.Lock()
+
+    def held(name):
+        def scenario(tmp):
+            with lock:
+                running.add(name)
+                most[0] = max(most[0], len(running))
+            try:
+                assert release.wait(30)
+            finally:
+                with lock:
+                    running.discard(name)
+            return name
+        return scenario
+
+    for name in ("lane", "a", "b", "c", "d"):
+        lanes.start(name, held(name), tmp_path)
+    while "lane" not in running:
+        threading.Event().wait(0.01)
+    threading.Timer(3.0, release.set).start()  # several polls of the wait below
+    assert lanes.result("lane") == "lane"
+    # The lane's one and two beside it, taken from the back; never a third beside.
+    assert most[0] == 3 and lanes.run_beside_the_lane[:2] == ["d", "c"]
+    assert [lanes.result(n) for n in ("a", "b", "c", "d")] == ["a", "b", "c", "d"]
+    lanes.join_all(10)
