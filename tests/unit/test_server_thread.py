@@ -35,3 +35,42 @@ def test_stop_ends_a_handler_whose_client_went_away_and_closes_the_loop() -> Non
     # The client is gone; its handler still sleeps.
     server.stop()
     assert ended == ["cancelled"]
+    server.stop()  # again: nothing to do
+    server.call_soon(lambda: None)  # after the stop: nothing, no error
+
+
+def test_stop_returns_when_a_handler_ignores_its_cancellation() -> None:
+    entered = threading.Event()
+
+    async def stubborn(request: web.Request) -> web.Response:
+        entered.set()
+        for _ in range(2):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # swallowed once; the loop closes after CANCEL_GRACE regardless
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/", stubborn)
+    server = ServerThread(app).start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
+        assert entered.wait(10)
+    server.stop()
+    server.call_soon(lambda: None)
+
+
+def test_a_server_that_could_not_start_raises_and_stops_quietly() -> None:
+    taken = ServerThread(web.Application()).start()
+    try:
+        again = ServerThread(web.Application(), port=taken.port)
+        try:
+            again.start()
+        except OSError:
+            pass
+        else:
+            raise AssertionError("a second server bound the same port")
+        again.stop()  # nothing to stop; returns at once
+    finally:
+        taken.stop()
