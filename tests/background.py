@@ -13,11 +13,13 @@ Two ways to run them:
   (1: one scenario, about a core, beside the ~600 s of the other tests, which the pytest
   process runs on the other core; two scenarios beside them overloaded the cores and made
   timing-bound tests fail in a trial). A test whose scenario is still queued when it asks
-  starts it at once, and a test waiting for a running one starts the queue's last one
-  beside the lane (``Scenarios.result``): the pytest process's wait is spent on the queue. ``arrange`` runs those modules
-  after all others, and their tests that wait after all their tests that do not, so the
-  waiting tests find their scenarios done or help finish the queue. Only scenarios that run their
-  own processes go early: in-process ones would log into other tests' caplog.
+  starts it at once, and a test waiting for a running one starts the queue's last ones
+  beside the lane (``Scenarios.result``), so the pytest process's wait is spent on the
+  queue; those started by tests count against ``BESIDE`` (2: while tests only wait, the
+  pytest process's core is free). ``arrange`` runs those modules after all others, and
+  their tests that wait after all their tests that do not, so the waiting tests find their
+  scenarios done or help finish the queue. Only scenarios that run their own processes go
+  early: in-process ones would log into other tests' caplog.
 - Within the module (``start_selected`` from a module fixture): its scenarios start, two at a
   time (``PARALLEL``), when the module's first test asks for the fixture.
 - Out of process (a module sets ``OUT_OF_PROCESS = True``): its selected tests run in a pytest
@@ -169,7 +171,9 @@ class Scenarios:
         s from its start), meanwhile starting queued ones from the back of the queue, up to
         ``BESIDE`` at a time. Raise what it raised, or return what it returned."""
         if self._steals and self._claim(name):
-            self._steal[name]()
+            # Counted with those started beside the lane: lane + this one + the others stay
+            # within 1 + BESIDE scenarios at once.
+            self._beside.append(self._steal[name]())
         while not self._started[name].wait(0.5):
             if self._steals:
                 self._steal_from_the_back()
@@ -272,7 +276,10 @@ def arrange(items: list[pytest.Item]) -> None:
         module = item.module  # type: ignore[attr-defined]
         if _early_scenarios(module) is not None:
             continue
-        (first if _changes_environment(module) else apart if _out_of_process(module) else rest).append(item)
+        # A `cluster` test of such a module runs in place: the cluster group's session has
+        # its JVM with Delta warm already, and a child would start and warm another beside it.
+        alone = _out_of_process(module) and item.get_closest_marker("cluster") is None
+        (first if _changes_environment(module) else apart if alone else rest).append(item)
     if not (rest or early or waiting):  # nothing to overlap them with
         rest, apart = rest + apart, []
     stand_ins = []

@@ -120,19 +120,6 @@ os.environ["DELTABUS_ENGINE"] = "delta-rs"
 DELTA_JARS, DELTA_SKIP = _delta_jars()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Outside the `cluster` group, every JVM the tests start through spark-submit (the
-    session's, the jobs', the stream workers') compiles with C1 only: they live seconds to
-    minutes, and C2's compiles of Spark's and Delta's code cost more CPU than they win back
-    there. Measured (2026-11-27, loaded machine): the SQL tests and the engine contract suite
-    together 207 s -> 166 s, the delta-spark half of the contract suite alone 130 s -> 107 s.
-    The `cluster` group's long delta-spark runs keep C2: that group took 865 s with C1
-    against 682 s before (fresh clones, one more test of ~40 s). Jobs users run keep the
-    JVM's default."""
-    if "cluster" not in config.option.markexpr.replace("not cluster", ""):
-        os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
-
-
 def requires_delta(spark) -> None:
     """Skip the calling test, with the reason, where the session has no Delta jars."""
     from deltabus.storage.delta_spark import delta_jvm_available
@@ -176,7 +163,25 @@ def spark():
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected: only selected tests are arranged
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _choose_jit(items)
     background.arrange(items)
+
+
+def _choose_jit(items: list[pytest.Item]) -> None:
+    """Unless the session selected a `cluster` test, every JVM the tests start through
+    spark-submit (the session's, the jobs', the stream workers') compiles with C1 only: they
+    live seconds to minutes, and C2's compiles of Spark's and Delta's code cost more CPU than
+    they win back there. Measured (2026-11-27, loaded machine): the SQL tests and the engine
+    contract suite together 207 s -> 166 s, the delta-spark half of the contract suite alone
+    130 s -> 107 s. The `cluster` group's long delta-spark runs keep C2: that group took 865 s
+    with C1 against 682 s before (fresh clones, one more test of ~40 s). Decided once the
+    selection is known, before the first test (the SparkSession, the early scenarios'
+    environment). A child session of out-of-process tests keeps what its parent decided.
+    Jobs users run keep the JVM's default."""
+    if background.INNER in os.environ:
+        return
+    if not any(item.get_closest_marker("cluster") for item in items):
+        os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -1,8 +1,9 @@
 """The storage contract, run against both engines.
 
-delta-rs always runs; delta-spark runs on the tests' SparkSession, which has the Delta jars
-(tests/conftest.py fetches them once into build/delta-jars). Only a machine that can fetch
-no jars skips the delta-spark half, with conftest's reason (``requires_delta``).
+The delta-rs half runs in the suite; the delta-spark half in the `cluster` group
+(``./run-tests.sh -m cluster``; CI runs both), on that session's SparkSession, which has the
+Delta jars (tests/conftest.py fetches them once into build/delta-jars). Only a machine that
+can fetch no jars skips the delta-spark half, with conftest's reason (``requires_delta``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from deltabus.storage.clock import StorageClock
 from deltabus.storage.tables import ALL, DELIVERIES, TS
 from tests.conftest import requires_delta
 
-# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
-# about 110 s under load for both halves, nearly all of it delta-spark MERGEs in its SparkSession.
+# In the suite, its tests run in a pytest process of their own beside the session's others
+# (tests/background.py); in the cluster group (its delta-spark half) they run in place.
 OUT_OF_PROCESS = True
 
 
@@ -47,9 +48,9 @@ def delta_spark_warehouse(template: Path, warehouse: str) -> str:
 
 
 # The delta-spark half is in the `cluster` group with the other slow delta-spark runs
-# (./run-tests.sh -m cluster; CI runs both): in a pytest process of its own it took 128 s of the
-# suite's 911 s on a fresh clone (2026-11-27), a third of it starting and warming a JVM with
-# Delta that the suite's other delta-spark tests had already warmed in theirs.
+# (./run-tests.sh -m cluster; CI runs both), in place on that session's warm SparkSession. In
+# the suite, in a pytest process of its own, it took 128 s of the 911 s on a fresh clone
+# (2026-11-27), a third of it starting and warming a JVM with Delta.
 @pytest.fixture(params=["delta-rs", pytest.param("delta-spark", marks=pytest.mark.cluster)])
 def engine(request, warehouse):
     if request.param == "delta-spark":
