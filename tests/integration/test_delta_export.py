@@ -243,7 +243,9 @@ def test_bad_delta_configs_through_the_client_name_field_and_rule_and_write_noth
     assert table_versions(warehouse) == before and sub.get_subscription(subscription=s).push_config.push_endpoint == ""
 
 
-def test_two_jobs_exporting_one_subscription_each_append_their_own_batches(pub, sub, topic, warehouse, tmp_path):
+def test_one_job_exports_a_subscription_a_second_job_skips_it_with_its_reason(pub, sub, topic, warehouse, tmp_path):
+    """Two jobs (own checkpoints) on one export subscription: the first to claim it in the
+    table's log exports it all; the other appends nothing and says why in the backlog."""
     table = str(tmp_path / "shared")
     s = sub.subscription_path("local", "export-two-jobs")
     sub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": table, "write_metadata": True}})
@@ -252,15 +254,54 @@ def test_two_jobs_exporting_one_subscription_each_append_their_own_batches(pub, 
                                               max_pushes_per_batch=500, **SETTINGS)) for n in (1, 2)]
     try:
         for batch in range(1, 20):
-            for job in jobs:  # interleaved: both count batches 1, 2, ... of their own
+            for job in jobs:
                 job.process(None, batch)
             if sub.get_backlog(s).num_unacked_messages == 0:
                 break
+        else:
+            raise AssertionError("not exported")
     finally:
         for job in jobs:
             job.close()
     got = landed(table)["message_id"].to_pylist()
-    assert sorted(got) == sorted(ids)  # none skipped as "already appended", none twice
+    assert sorted(got) == sorted(ids)  # none skipped, none twice
+
+
+def test_a_batch_appended_by_a_job_that_died_before_its_ack_is_not_appended_again_by_another_job(pub, csub, clock, topic, warehouse, tmp_path):
+    """The reviewer's repro: job A appends 5 and dies before its ack; the ack deadline passes;
+    job B (own checkpoint) must not lease and append them; A restarts and acks. 5 rows."""
+    from deltabus.push.exporter import DeltaExporter, export_subscriptions
+
+    table = str(tmp_path / "t")
+    s = csub.subscription_path("local", "export-crash-two")
+    csub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": table, "write_metadata": True}})
+    ids = pub.publish_batch(topic, [{"data": f"m{i}".encode()} for i in range(5)])
+    subs = lambda: export_subscriptions(csub._registry.subscriptions())  # noqa: E731
+
+    class Died(Exception):
+        pass
+
+    a = DeltaExporter(csub.engine, str(tmp_path / "ckpt-a" / "exports"), clock=clock)
+
+    def die(*args: object, **kw: object) -> None:
+        raise Died()
+
+    a._client.acknowledge = die  # type: ignore[method-assign]  # the process dies between append and ack
+    with pytest.raises(Died):
+        a.run(subs(), 100)
+    a.close()
+    assert landed(table).num_rows == 5
+    clock.advance(11)  # past the 10 s ack deadline
+    b = DeltaExporter(csub.engine, str(tmp_path / "ckpt-b" / "exports"), clock=clock)
+    out = b.run(subs(), 100).outcomes
+    b.close()
+    (o,) = out.values()
+    assert o.appended == 0 and o.status == "delta error" and "another deliver job" in (o.error or "")
+    a2 = DeltaExporter(csub.engine, str(tmp_path / "ckpt-a" / "exports"), clock=clock)
+    a2.run(subs(), 100)
+    a2.close()
+    assert sorted(landed(table)["message_id"].to_pylist()) == sorted(ids)
+    assert csub.get_backlog(s).num_unacked_messages == 0
 
 
 def test_the_cli_creates_shows_and_clears_a_delta_export(sub, topic, warehouse, tmp_path):
@@ -286,3 +327,20 @@ def test_the_cli_creates_shows_and_clears_a_delta_export(sub, topic, warehouse, 
     assert cli.main(["--warehouse", warehouse, "subscriptions", "create", "export-cli-2", "--topic", "orders",
                      "--delta-table", "relative/t"], out=io.StringIO()) == 1  # refused, one line, nothing created
     assert [s.name for s in sub.list_subscriptions(project="local")] == ["projects/local/subscriptions/export-cli"]
+
+
+def test_an_export_subscription_cannot_be_pulled_from_so_a_puller_cannot_land_a_batch_twice(pub, sub, topic, warehouse, tmp_path):
+    """As Pub/Sub's BigQuery/Cloud Storage subscriptions: only the export leases. Before, a
+    pull after the export appended a batch (and died before its ack) got the same messages."""
+    from deltabus.errors import FailedPrecondition
+
+    s = sub.subscription_path("local", "export-only")
+    sub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": str(tmp_path / "t")}})
+    pub.publish_batch(topic, [{"data": b"x"}])
+    with pytest.raises(FailedPrecondition, match="Delta export subscription"):
+        sub.pull(subscription=s, max_messages=10, return_immediately=True)
+    with pytest.raises(FailedPrecondition, match="Delta export subscription"):
+        sub.subscribe(s, lambda m: m.ack())
+    assert sub.get_backlog(s).num_unacked_messages == 1  # nothing leased by the refused calls
+    sub.update_subscription(subscription={"name": s}, update_mask=["delta_config"])
+    assert len(sub.pull(subscription=s, max_messages=10, return_immediately=True).received_messages) == 1  # cleared: a pull subscription

@@ -79,3 +79,15 @@ def test_the_state_shows_a_table_the_push_job_cannot_write(gpub, gsub, warehouse
     assert gsub.get_subscription(subscription=S).bigquery_config.state == pb.BigQueryConfig.State.SCHEMA_MISMATCH
     (listed,) = gsub.list_subscriptions(project=f"projects/{PROJECT}")
     assert listed.bigquery_config.state == pb.BigQueryConfig.State.SCHEMA_MISMATCH
+
+
+def test_pull_and_streaming_pull_on_an_export_subscription_are_failed_precondition(gpub, gsub, warehouse: str, tmp_path) -> None:
+    gpub.create_topic(name=T)
+    gsub.create_subscription(request={"name": S, "topic": T, "bigquery_config": {"table": str(tmp_path / "t")}})
+    gpub.publish(T, b"x").result()
+    with pytest.raises(gexc.FailedPrecondition, match="Delta export subscription"):
+        gsub.pull(request={"subscription": S, "max_messages": 10})
+    future = gsub.subscribe(S, lambda m: m.ack())
+    with pytest.raises(gexc.FailedPrecondition, match="Delta export subscription"):
+        future.result(timeout=30)
+    assert SubscriberClient(warehouse=warehouse).get_backlog(S).num_unacked_messages == 1

@@ -163,6 +163,47 @@ def _open(uri: str, schema: pa.Schema, storage_options: Mapping[str, str] | None
         return DeltaTable.create(uri, schema, mode="ignore", storage_options=opts)
 
 
+CLAIM_SUB = "deltabus.export.subscription"
+CLAIM_APP = "deltabus.export.app_id"
+
+
+def claims(sub_uid: str, app_id: str) -> dict[str, str]:
+    """The commitInfo metadata naming the job (`app_id`) that exports `sub_uid` to a table."""
+    return {CLAIM_SUB: sub_uid, CLAIM_APP: app_id}
+
+
+def claim(config: DeltaConfig, sub_uid: str, app_id: str, storage_options: Mapping[str, str] | None = None) -> str:
+    """Claim the export of `sub_uid` into the config's table for `app_id` and return the owner:
+    the app id of the earliest claim the table's log holds (commits are totally ordered, so
+    two jobs claiming at once agree on one). A job that has no claim yet commits an empty one
+    (its batches carry one too). ``ExportError`` when the table cannot be read or written."""
+    from deltalake import CommitProperties, write_deltalake
+
+    def owner(table: Any) -> tuple[str | None, bool]:
+        mine, first = False, None
+        for info in table.history():  # newest first: the last match is the earliest claim
+            if info.get(CLAIM_SUB) == sub_uid and isinstance(info.get(CLAIM_APP), str):
+                first = info[CLAIM_APP]
+                mine = mine or first == app_id
+        return first, mine
+
+    try:
+        schema = schema_for(config)
+        table = _open(config.table, schema, storage_options)
+        first, mine = owner(table)
+        if not mine:
+            empty = pa.Table.from_batches([], schema=pa.schema(table.schema().to_arrow()))
+            write_deltalake(table, empty, mode="append",
+                            commit_properties=CommitProperties(custom_metadata=claims(sub_uid, app_id)))
+            first, mine = owner(_open(config.table, schema, storage_options))
+        assert first is not None
+        return first
+    except ExportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified for the backlog
+        raise _classify(exc) from exc
+
+
 def committed_version(uri: str, app_id: str, storage_options: Mapping[str, str] | None = None) -> int | None:
     """The latest batch the table records for `app_id` (None: none, or no table yet)."""
     from deltalake import DeltaTable
@@ -178,7 +219,8 @@ def committed_version(uri: str, app_id: str, storage_options: Mapping[str, str] 
 
 
 def append_once(
-    config: DeltaConfig, batch: pa.Table, app_id: str, version: int, storage_options: Mapping[str, str] | None = None
+    config: DeltaConfig, batch: pa.Table, app_id: str, version: int, storage_options: Mapping[str, str] | None = None,
+    *, sub_uid: str = "",
 ) -> bool:
     """Append `batch` (``rows_for``) to the config's table as application transaction
     ``(app_id, version)``, creating the table if missing; False when the table already
@@ -193,7 +235,8 @@ def append_once(
         fit = _fit(pa.schema(table.schema().to_arrow()), batch.schema, config.drop_unknown_fields)
         write_deltalake(
             table, _shaped(batch, fit), mode="append",
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)],
+                                               custom_metadata=claims(sub_uid, app_id)),
         )
         return True
     except Exception as exc:  # noqa: BLE001 - classified for the backlog; the caller keeps the messages

@@ -2,8 +2,15 @@
 
 For each subscription with a ``delta_config`` (not detached), ``DeltaExporter.run``:
 
-1. leases messages through the normal pull path (``SubscriberClient.pull``), so it competes
-   fairly with other pullers and respects the filter, ordering keys and dead-letter policy;
+0. claims the subscription in the target table's log (``export_table.claim``): one job
+   exports a subscription, the one whose claim is the earliest; another job (its own
+   checkpoint) skips it with an error, since it could lease messages the owner appended but
+   has not acked yet and append them again;
+1. leases messages through the exporter's own lease path on the pull machinery
+   (``SubscriberClient._export_lease``), which respects the filter, ordering keys and
+   dead-letter policy. Nothing else may lease an export subscription's messages: pull,
+   subscribe, Pull and StreamingPull refuse it (FailedPrecondition), as Pub/Sub refuses
+   pulls from BigQuery and Cloud Storage subscriptions;
 2. writes the batch's number and ack ids to the subscription's pending file
    (``<checkpoint>/exports/<sub_uid>.json``, by atomic rename), before anything is appended;
 3. appends the batch to the target table as Delta application transaction
@@ -16,9 +23,10 @@ any failure, the pending file is reconciled with the table: when the table recor
 pending batch, its append happened (the job died, or failed, between append and ack), so
 its ack ids are acked and nothing is appended again; otherwise its messages were never
 appended and come back when their leases end. Either way the next batch's number is above
-both. An ack after the deadline still counts while no one else has received the message,
-and nothing else leases it before the reconciliation: so after a crash at any point, every
-message lands in the table exactly once.
+both. An ack after the deadline still counts while no one else has received the message; no
+puller can lease it (refused) and no other job exports the subscription (the claim), so
+only this job's reconciliation leases it next: after a crash at any point, every message
+lands in the table exactly once.
 
 A batch that cannot be written (no such path, permission denied, schema mismatch) leaves its
 messages unacked: they come back when their ack deadline passes, the backlog shows them, and
@@ -188,6 +196,11 @@ class DeltaExporter:
         """The next batch number, after settling a pending batch (see the module's docstring)."""
         assert rec.delta_config is not None
         uid = rec.sub_uid
+        owner = export_table.claim(rec.delta_config, uid, self._app_id(uid), self._storage_options)
+        if owner != self._app_id(uid):
+            raise ExportError("error", f"exported by another deliver job (application id {owner}, the earliest claim in "
+                                       f"{rec.delta_config.table}'s log); one job exports a subscription, so this job skips "
+                                       "it: point delta_config at a new table to move the export")
         committed = export_table.committed_version(rec.delta_config.table, self._app_id(uid), self._storage_options) or 0
         pending = self._pending.read(uid)
         if pending is not None and committed >= pending.batch:
@@ -206,16 +219,14 @@ class DeltaExporter:
             self._next[uid] = self._reconcile(rec, out)
         done = 0
         while done < budget:
-            resp = self._client.pull(subscription=rec.name, max_messages=min(self._batch_size, budget - done),
-                                     return_immediately=True)
-            received = list(resp.received_messages)
+            received = self._client._export_lease(rec.name, min(self._batch_size, budget - done))
             if not received:
                 break
             batch = self._next[uid]
             ack_ids = [r.ack_id for r in received]
             self._pending.write(uid, Pending(batch, tuple(ack_ids)))
             rows = export_table.rows_for(config, rec.name, received)
-            if not export_table.append_once(config, rows, self._app_id(uid), batch, self._storage_options):
+            if not export_table.append_once(config, rows, self._app_id(uid), batch, self._storage_options, sub_uid=uid):
                 # Another process writing under this job's id (a second job on the same
                 # checkpoint) recorded this batch number: these messages were not appended.
                 # Leave them leased (they come back) and forget the pending file, so that

@@ -93,6 +93,7 @@ import pyarrow.compute as pc
 
 from .. import ackid
 from ..delivery import dead_letter
+from ..subscriber.client import export_pull_refused
 from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 from ..delivery.cursor import pending_range, read_unfanned
 from ..delivery.fanout import MAX_FANOUT_VERSIONS, Fanout, prepare
@@ -194,7 +195,8 @@ def run_round(
     policy = hooks_for(sub)
     dead: dead_letter.DeadLetterMover | None = None
     push = sub.push_config.is_push  # pull needs an empty push endpoint: no leases, outcomes still apply
-    wants = [0 if push else max(0, a.max_messages) for a in lease_asks]
+    exported = sub.delta_config is not None  # only the deliver job's exporter leases an export subscription
+    wants = [0 if push or exported else max(0, a.max_messages) for a in lease_asks]
     # A clock known too loosely (ClockUncertain) is decided once, before the commit: the
     # lease asks and deadline extensions (which need the storage's latest time) are answered
     # with it alone; the round's acks and nacks still commit (the caller's other calls too).
@@ -263,6 +265,9 @@ def run_round(
     for j, i in enumerate(lease_idx):
         if push:
             answers[i] = FailedPrecondition(f"{sub.name} is a push subscription; pull needs an empty push endpoint")
+            continue
+        if sub.delta_config is not None:
+            answers[i] = FailedPrecondition(export_pull_refused(sub.name))
             continue
         if refused is not None:
             answers[i] = refused

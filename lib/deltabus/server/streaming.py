@@ -82,6 +82,7 @@ import grpc
 import grpc.aio
 from google.pubsub_v1 import types as pb
 
+from ..subscriber.client import export_pull_refused
 from .. import ackid, names
 from ..activity import ActivityRecorder
 from ..delivery.model import IdResult, Result
@@ -483,6 +484,8 @@ async def handle_streaming_pull(
         rec, topic = await state.run(hub._open, name)
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
+        if rec.delta_config is not None:
+            raise FailedPrecondition(export_pull_refused(rec.name))
         s = _Stream(name, rec.sub_uid, rec.topic_uid, topic, rec.enable_message_ordering, float(lease_seconds), flow)
         if first.ack_ids:  # outcomes may ride on the first request too
             _spawn(s, hub.acknowledge(name, decode_ids(list(first.ack_ids), "ack_ids")))

@@ -58,6 +58,14 @@ IDLE_RECHECK = 0.5
 MIN_RECHECK = 0.1
 
 
+def export_pull_refused(name: str) -> str:
+    """Why Pull/StreamingPull/subscribe are refused on a Delta export subscription: as with
+    Pub/Sub's BigQuery and Cloud Storage subscriptions, only the export leases its messages
+    (a puller holding a message the export appended but has not yet acked would land it twice)."""
+    return (f"{name} is a Delta export subscription (delta_config is set); its messages are delivered "
+            "only to its table, so it cannot be pulled from: clear delta_config to pull")
+
+
 class SubscriberClient(ClientBase):
     """Create subscriptions and receive messages by pull or streaming pull.
 
@@ -363,12 +371,22 @@ class SubscriberClient(ClientBase):
         self._snapshots.delete(self._snapshot_name(required(f, "snapshot", "delete_snapshot")))
 
     # -- pull ------------------------------------------------------------------------
+    def _export_lease(self, subscription: str, max_messages: int) -> list[ReceivedMessage]:
+        """The Delta exporter's own lease path (the only one an export subscription allows)."""
+        rec = self._sub(subscription)
+        if rec.detached:
+            raise SubscriptionDetached(subscription)
+        return self._pull_record(rec, max_messages, rec.ack_deadline_seconds, export=True)
+
     def _pull_received(self, subscription: str, max_messages: int, lease_seconds: float) -> list[ReceivedMessage]:
         return self._pull_record(self._sub(subscription), max_messages, lease_seconds)
 
-    def _pull_record(self, rec: SubscriptionRecord, max_messages: int, lease_seconds: float) -> list[ReceivedMessage]:
+    def _pull_record(self, rec: SubscriptionRecord, max_messages: int, lease_seconds: float,
+                     *, export: bool = False) -> list[ReceivedMessage]:
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
+        if rec.delta_config is not None and not export:
+            raise FailedPrecondition(export_pull_refused(rec.name))
         leases = delivery.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock)
         self._used(rec)
         if not leases:
@@ -574,6 +592,8 @@ class SubscriberClient(ClientBase):
             raise SubscriptionDetached(name)
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{name} is a push subscription; subscribe needs an empty push endpoint")
+        if rec.delta_config is not None:
+            raise FailedPrecondition(export_pull_refused(name))
         manager = StreamingPullManager(
             _ClientLeaseOps(self, name), name, callback, flow_control, executor=scheduler, clock=self._clock,
             await_callbacks_on_shutdown=await_callbacks_on_shutdown,
