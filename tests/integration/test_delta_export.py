@@ -344,3 +344,91 @@ def test_an_export_subscription_cannot_be_pulled_from_so_a_puller_cannot_land_a_
     assert sub.get_backlog(s).num_unacked_messages == 1  # nothing leased by the refused calls
     sub.update_subscription(subscription={"name": s}, update_mask=["delta_config"])
     assert len(sub.pull(subscription=s, max_messages=10, return_immediately=True).received_messages) == 1  # cleared: a pull subscription
+
+
+def _exporter(csub, clock, tmp_path):  # type: ignore[no-untyped-def]
+    from deltabus.push.exporter import DeltaExporter
+
+    return DeltaExporter(csub.engine, str(tmp_path / "ckpt" / "exports"), clock=clock)
+
+
+def _subs(csub):  # type: ignore[no-untyped-def]
+    from deltabus.push.exporter import export_subscriptions
+
+    return export_subscriptions(csub._registry.subscriptions())
+
+
+class _Died(Exception):
+    pass
+
+
+def _die(*args: object, **kw: object) -> None:
+    raise _Died()
+
+
+def test_a_batch_appended_to_table_a_is_acked_after_the_config_moved_to_table_b(pub, csub, clock, topic, warehouse, tmp_path):
+    """Appended to A, died before the ack, delta_config moved to B: the restart settles the
+    pending batch against A (its nonce in A's log) and acks it; B gets nothing of it."""
+    a_t, b_t = str(tmp_path / "a"), str(tmp_path / "b")
+    s = csub.subscription_path("local", "export-switch-1")
+    csub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": a_t, "write_metadata": True}})
+    ids = pub.publish_batch(topic, [{"data": f"m{i}".encode()} for i in range(5)])
+    e = _exporter(csub, clock, tmp_path)
+    e._client.acknowledge = _die  # type: ignore[method-assign]
+    with pytest.raises(_Died):
+        e.run(_subs(csub), 100)
+    e.close()
+    csub.update_subscription(subscription={"name": s, "delta_config": {"table": b_t, "write_metadata": True}}, update_mask=["delta_config"])
+    clock.advance(11)
+    e2 = _exporter(csub, clock, tmp_path)
+    for _ in range(3):
+        e2.run(_subs(csub), 100)
+    e2.close()
+    assert sorted(landed(a_t)["message_id"].to_pylist()) == sorted(ids)
+    assert not os.path.exists(b_t) or landed(b_t).num_rows == 0  # before: acked never, so appended to B too
+    assert csub.get_backlog(s).num_unacked_messages == 0
+
+
+def test_a_batch_never_appended_is_not_acked_when_the_new_table_records_a_higher_batch(pub, csub, clock, topic, warehouse, tmp_path):
+    """Batches 1..4 went to B; the config moves to A, batch 5 is leased and the job dies
+    before appending it; the config moves back to B, which records this job's app id at >= 5.
+    The restart must not ack batch 5 on B's number: its message must come back and land."""
+    b_t, a_t = str(tmp_path / "b"), str(tmp_path / "a")
+    s = csub.subscription_path("local", "export-switch-2")
+    csub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": b_t, "write_metadata": True}})
+    e = _exporter(csub, clock, tmp_path)
+    first = []
+    for i in range(4):  # batches 1..4 to B
+        first += pub.publish_batch(topic, [{"data": f"b{i}".encode()}])
+        e.run(_subs(csub), 100)
+    e.close()
+    assert landed(b_t).num_rows == 4
+    csub.update_subscription(subscription={"name": s, "delta_config": {"table": a_t, "write_metadata": True}}, update_mask=["delta_config"])
+    lost = pub.publish_batch(topic, [{"data": b"lost?"}])
+    from deltabus.push import export_table
+
+    e2 = _exporter(csub, clock, tmp_path)
+    real_append = export_table.append_once
+    export_table.append_once = _die  # type: ignore[assignment]  # the job dies after the pending file, before the append
+    try:
+        with pytest.raises(_Died):
+            e2.run(_subs(csub), 100)
+    finally:
+        export_table.append_once = real_append
+    e2.close()
+    # Meanwhile B got a higher number from this job's app id (as if the pending batch were there).
+    csub.update_subscription(subscription={"name": s, "delta_config": {"table": b_t, "write_metadata": True}}, update_mask=["delta_config"])
+    clock.advance(11)
+    e3 = _exporter(csub, clock, tmp_path)
+    pending = e3._pending.read(next(iter(_subs(csub))))
+    assert pending is not None and pending.ack_ids
+    # B records batch 4 only; make it record >= the pending batch, as the old code compared with:
+    from deltalake import CommitProperties, Transaction, write_deltalake
+    write_deltalake(b_t, landed(b_t).slice(0, 0), mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(e3._app_id(next(iter(_subs(csub)))), pending.batch)]))
+    for _ in range(3):
+        e3.run(_subs(csub), 100)
+    e3.close()
+    got = landed(b_t)["message_id"].to_pylist() + (landed(a_t)["message_id"].to_pylist() if os.path.exists(a_t) else [])
+    assert got.count(lost[0]) == 1  # before: acked without being appended anywhere (lost)
+    assert csub.get_backlog(s).num_unacked_messages == 0

@@ -26,6 +26,21 @@ def test_an_unreadable_pending_file_is_ignored(tmp_path):
     assert PendingFiles(str(tmp_path)).read("uid-2") is None
 
 
+def test_a_pending_file_of_the_wrong_shape_is_that_subscriptions_error_not_the_jobs(tmp_path):
+    from deltabus.push.export_table import ExportError
+
+    for doc in ('[1, 2]', '{"batch": "x", "ack_ids": []}', '{"ack_ids": []}', '{"batch": 3, "ack_ids": 5}'):
+        (tmp_path / "uid-3.json").write_text(doc)
+        with pytest.raises(ExportError, match="not a pending batch"):
+            PendingFiles(str(tmp_path)).read("uid-3")
+
+
+def test_a_pending_batch_keeps_its_table_and_nonce(tmp_path):
+    files = PendingFiles(str(tmp_path))
+    files.write("u", Pending(2, ("a",), "/t/a", "n1"))
+    assert files.read("u") == Pending(2, ("a",), "/t/a", "n1")
+
+
 def test_batch_numbers_start_at_1():
     with pytest.raises(ValueError):
         Pending(0, ())
@@ -70,7 +85,8 @@ def test_a_batch_number_another_writer_recorded_is_not_acked(tmp_path, monkeypat
     out = ex.run(rec, 100).outcomes[next(iter(rec))]
     assert out == ExportOutcome(appended=0, acked=0, status="delta error", error=out.error) and "already recorded" in str(out.error)
     assert sub.get_backlog(rec_name).num_unacked_messages == 1
-    assert not list((tmp_path / "exports").glob("*.json"))  # reconciling will not ack them
+    left = PendingFiles(str(tmp_path / "exports")).read(next(iter(rec)))
+    assert left is not None and left.ack_ids == ()  # settled (only the high-water mark): reconciling will not ack them
     ex.close()
     pub.stop()
     sub.close()

@@ -165,6 +165,22 @@ def _open(uri: str, schema: pa.Schema, storage_options: Mapping[str, str] | None
 
 CLAIM_SUB = "deltabus.export.subscription"
 CLAIM_APP = "deltabus.export.app_id"
+BATCH_NONCE = "deltabus.export.nonce"
+
+
+def has_nonce(uri: str, nonce: str, storage_options: Mapping[str, str] | None = None) -> bool:
+    """Whether a commit of the table at `uri` carries `nonce` (``append_once``'s): that
+    batch was appended there. False when there is no such table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(uri, storage_options=dict(storage_options) if storage_options else None)
+        return any(info.get(BATCH_NONCE) == nonce for info in table.history())
+    except TableNotFoundError:
+        return False
+    except Exception as exc:  # noqa: BLE001 - any storage failure is the export's error
+        raise _classify(exc) from exc
 
 
 def claims(sub_uid: str, app_id: str) -> dict[str, str]:
@@ -220,7 +236,7 @@ def committed_version(uri: str, app_id: str, storage_options: Mapping[str, str] 
 
 def append_once(
     config: DeltaConfig, batch: pa.Table, app_id: str, version: int, storage_options: Mapping[str, str] | None = None,
-    *, sub_uid: str = "",
+    *, sub_uid: str = "", nonce: str = "",
 ) -> bool:
     """Append `batch` (``rows_for``) to the config's table as application transaction
     ``(app_id, version)``, creating the table if missing; False when the table already
@@ -236,7 +252,7 @@ def append_once(
         write_deltalake(
             table, _shaped(batch, fit), mode="append",
             commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)],
-                                               custom_metadata=claims(sub_uid, app_id)),
+                                               custom_metadata={**claims(sub_uid, app_id), BATCH_NONCE: nonce}),
         )
         return True
     except Exception as exc:  # noqa: BLE001 - classified for the backlog; the caller keeps the messages

@@ -11,19 +11,21 @@ For each subscription with a ``delta_config`` (not detached), ``DeltaExporter.ru
    dead-letter policy. Nothing else may lease an export subscription's messages: pull,
    subscribe, Pull and StreamingPull refuse it (FailedPrecondition), as Pub/Sub refuses
    pulls from BigQuery and Cloud Storage subscriptions;
-2. writes the batch's number and ack ids to the subscription's pending file
-   (``<checkpoint>/exports/<sub_uid>.json``, by atomic rename), before anything is appended;
+2. writes the batch's number, ack ids, target table and a random nonce to the subscription's
+   pending file (``<checkpoint>/exports/<sub_uid>.json``, by atomic rename), before anything
+   is appended (the append's commitInfo carries the nonce);
 3. appends the batch to the target table as Delta application transaction
    ``(app_id_for(sub_uid, pending directory), batch)`` (``export_table.append_once``, which skips a batch the
    table already records);
-4. acks the batch, then removes the pending file.
+4. acks the batch, then marks the pending file settled (it keeps the batch number: a
+   per-subscription high-water mark, so numbering never goes backwards when the table changes).
 
 Batch numbers grow by one per batch. Before a subscription's first batch in a run, and after
-any failure, the pending file is reconciled with the table: when the table records the
-pending batch, its append happened (the job died, or failed, between append and ack), so
+any failure, the pending file is reconciled with the table it names (not the current one:
+the config may have moved): when that table's log holds the batch's nonce, its append happened (the job died, or failed, between append and ack), so
 its ack ids are acked and nothing is appended again; otherwise its messages were never
 appended and come back when their leases end. Either way the next batch's number is above
-both. An ack after the deadline still counts while no one else has received the message; no
+both the high-water mark and the current table's. An ack after the deadline still counts while no one else has received the message; no
 puller can lease it (refused) and no other job exports the subscription (the claim), so
 only this job's reconciliation leases it next: after a crash at any point, every message
 lands in the table exactly once.
@@ -41,6 +43,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -71,7 +74,9 @@ class Pending:
     """A leased batch that may have been appended but not yet acked."""
 
     batch: int
-    ack_ids: tuple[str, ...]
+    ack_ids: tuple[str, ...]  # empty: settled; the file then only keeps the batch number (high-water mark)
+    table: str = ""  # the table this batch goes to (the config may change before reconciling)
+    nonce: str = ""  # in the append's commitInfo: that commit is this batch
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -96,14 +101,20 @@ class PendingFiles:
         except ValueError:  # torn by a crash before the rename cannot happen; anything else is not ours
             log.warning("ignoring an unreadable export pending file %s", self._path(sub_uid))
             return None
-        return Pending(int(doc["batch"]), tuple(str(a) for a in doc["ack_ids"]))
+        try:
+            return Pending(int(doc["batch"]), tuple(str(a) for a in doc["ack_ids"]),
+                           str(doc.get("table", "")), str(doc.get("nonce", "")))
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:  # valid JSON, not ours: this subscription's error
+            raise ExportError("error", f"the export pending file {self._path(sub_uid)} is not a pending batch "
+                                       f"({type(exc).__name__}); move it away to go on") from None
 
     def write(self, sub_uid: str, pending: Pending) -> None:
         os.makedirs(self.directory, exist_ok=True)
         final = self._path(sub_uid)
         tmp = f"{final}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"batch": pending.batch, "ack_ids": list(pending.ack_ids)}, f)
+            json.dump({"batch": pending.batch, "ack_ids": list(pending.ack_ids), "table": pending.table,
+                       "nonce": pending.nonce}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -201,14 +212,25 @@ class DeltaExporter:
             raise ExportError("error", f"exported by another deliver job (application id {owner}, the earliest claim in "
                                        f"{rec.delta_config.table}'s log); one job exports a subscription, so this job skips "
                                        "it: point delta_config at a new table to move the export")
-        committed = export_table.committed_version(rec.delta_config.table, self._app_id(uid), self._storage_options) or 0
         pending = self._pending.read(uid)
-        if pending is not None and committed >= pending.batch:
-            self._client.acknowledge(subscription=rec.name, ack_ids=list(pending.ack_ids))
-            out.acked += len(pending.ack_ids)
-            log.info("export of %s: batch %d was appended before a restart or failure; acked it now", rec.name, pending.batch)
-        self._pending.clear(uid)
-        return max(committed, pending.batch if pending is not None else 0) + 1
+        if pending is not None and pending.ack_ids:
+            # Settled against the table the batch was for (its path may have changed since),
+            # by the batch's own nonce in that table's log: never by the current table's numbers.
+            if pending.nonce:
+                appended = export_table.has_nonce(pending.table, pending.nonce, self._storage_options)
+            else:  # a file from before nonces: its batch number in the current table, as then
+                appended = (export_table.committed_version(rec.delta_config.table, self._app_id(uid),
+                                                           self._storage_options) or 0) >= pending.batch
+            if appended:
+                self._client.acknowledge(subscription=rec.name, ack_ids=list(pending.ack_ids))
+                out.acked += len(pending.ack_ids)
+                log.info("export of %s: batch %d was appended to %s before a restart or failure; acked it now",
+                         rec.name, pending.batch, pending.table)
+        committed = export_table.committed_version(rec.delta_config.table, self._app_id(uid), self._storage_options) or 0
+        high = max(committed, pending.batch if pending is not None else 0)  # numbering never goes backwards
+        if high:
+            self._pending.write(uid, Pending(high, ()))
+        return high + 1
 
     def _export(self, rec: SubscriptionRecord, out: ExportOutcome, budget: int) -> int:
         """Export batches of `rec` until it has nothing leasable or `budget` is spent; how many."""
@@ -224,19 +246,21 @@ class DeltaExporter:
                 break
             batch = self._next[uid]
             ack_ids = [r.ack_id for r in received]
-            self._pending.write(uid, Pending(batch, tuple(ack_ids)))
+            nonce = secrets.token_hex(16)
+            self._pending.write(uid, Pending(batch, tuple(ack_ids), config.table, nonce))
             rows = export_table.rows_for(config, rec.name, received)
-            if not export_table.append_once(config, rows, self._app_id(uid), batch, self._storage_options, sub_uid=uid):
+            if not export_table.append_once(config, rows, self._app_id(uid), batch, self._storage_options,
+                                            sub_uid=uid, nonce=nonce):
                 # Another process writing under this job's id (a second job on the same
                 # checkpoint) recorded this batch number: these messages were not appended.
                 # Leave them leased (they come back) and forget the pending file, so that
                 # reconciling does not ack them; it numbers the next batch past the table's.
-                self._pending.clear(uid)
+                self._pending.write(uid, Pending(batch, ()))
                 raise ExportError("error", f"batch {batch} is already recorded in the table by another writer with this "
                                            "job's application id (two jobs on one checkpoint?); these messages come back")
             out.appended += len(received)
             self._client.acknowledge(subscription=rec.name, ack_ids=ack_ids)
-            self._pending.clear(uid)
+            self._pending.write(uid, Pending(batch, ()))  # settled; keeps the high-water mark
             self._next[uid] = batch + 1
             out.acked += len(received)
             out.status = "delta ok"
