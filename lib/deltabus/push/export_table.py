@@ -116,6 +116,9 @@ def _compatible(ours: pa.DataType, theirs: pa.DataType) -> bool:
     )
     if ours == theirs:
         return True
+    if t.is_map(ours):  # map<string,string> only: any other key/value type would cast attribute values
+        text = (t.is_string, t.is_large_string, t.is_string_view)
+        return bool(t.is_map(theirs)) and all(any(ok(x) for ok in text) for x in (theirs.key_type, theirs.item_type))
     for is_ours, accepted in families:
         if is_ours(ours):
             return any(bool(ok(theirs)) for ok in accepted)
@@ -131,7 +134,12 @@ def _shaped(batch: pa.Table, fit: _Fit) -> pa.Table:
             text = [json.dumps(dict(v), sort_keys=True, ensure_ascii=False) for v in batch["attributes"].to_pylist()]
             cols.append(pa.array(text, f.type))
         else:
-            cols.append(batch[f.name].cast(f.type))
+            try:
+                cols.append(batch[f.name].cast(f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                # Arrow's message quotes the values (message data): name the column and types only.
+                raise ExportError("schema mismatch", f"column {f.name!r}: cannot write {batch.schema.field(f.name).type} "
+                                                     f"as the table's {f.type} ({type(exc).__name__})") from None
     return pa.Table.from_arrays(cols, schema=fit.schema)
 
 
@@ -142,6 +150,9 @@ def _classify(exc: BaseException) -> ExportError:
     text = " ".join(_ANSI.sub("", f"{type(exc).__name__}: {exc}").replace("↳", "-").split())
     low = text.lower()
     denied = ("permission denied", "permissiondenied", "operation not permitted", "access denied", "forbidden")
+    if isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)):
+        # A conversion of the batch: its message can quote message data, which must not reach logs or the backlog.
+        return ExportError("schema mismatch", f"{type(exc).__name__} converting the batch to the table's schema")
     if isinstance(exc, PermissionError) or any(d in low for d in denied):
         return ExportError("permission denied", text[:500])
     if "schema" in low and ("mismatch" in low or "cast" in low):
