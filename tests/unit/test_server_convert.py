@@ -60,7 +60,7 @@ def test_create_values_of_every_supported_field() -> None:
 
 @pytest.mark.parametrize(
     "field, value",
-    # bigquery_config is deltabus's Delta export (issue 17): tests/unit/test_export_config.py.
+    # bigquery_config is deltabus's Delta export (issue 17): tests/integration/test_server_delta_export.py.
     [("cloud_storage_config", pb.CloudStorageConfig(bucket="b")), ("tags", {"k": "v"})],
 )
 def test_an_unsupported_subscription_field_is_refused_by_name(field: str, value: object) -> None:
