@@ -108,3 +108,31 @@ def test_each_run_starts_with_the_next_subscription_so_a_large_backlog_starves_n
     for _ in range(3):
         ex.run(recs, 100)
     assert order[0::3] == ["u1", "u2", "u3"]  # a different first each run
+
+
+def test_a_failing_pending_file_write_is_logged_once_not_every_run(tmp_path, caplog):
+    """The OSError branch logs once per new error, as the ExportError branch does."""
+    import logging
+    import time
+
+    from deltabus import PublisherClient, SubscriberClient
+    from deltabus.push.exporter import DeltaExporter
+
+    warehouse = str(tmp_path / "w")
+    pub = PublisherClient(warehouse=warehouse)
+    pub.create_topic(name="projects/p/topics/top")
+    sub = SubscriberClient(warehouse=warehouse)
+    sub.create_subscription(request={"name": "projects/p/subscriptions/exp", "topic": "projects/p/topics/top",
+                                     "delta_config": {"table": str(tmp_path / "t")}})
+    pub.publish_batch("projects/p/topics/top", [{"data": b"x"}])
+    (tmp_path / "exports").write_text("a file where the pending directory should be")
+    ex = DeltaExporter(sub.engine, str(tmp_path / "exports"), clock=time.time)
+    rec = {r.sub_uid: r for r in sub._registry.subscriptions().values()}
+    with caplog.at_level(logging.WARNING, logger="deltabus.deliver"):
+        for _ in range(3):
+            out = ex.run(rec, 100).outcomes[next(iter(rec))]
+            assert out.status == "delta error"
+    assert sum("stopped this round" in r.getMessage() for r in caplog.records) == 1
+    ex.close()
+    pub.stop()
+    sub.close()

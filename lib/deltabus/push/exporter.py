@@ -197,7 +197,9 @@ class DeltaExporter:
             except (DeltabusError, OSError) as exc:  # the subscription went away, the warehouse refused a call, the pending file
                 self._next.pop(uid, None)
                 out.status, out.error = "delta error", f"{type(exc).__name__}: {exc}"
-                log.warning("export of %s stopped this round: %s", rec.name, exc)
+                if self._warned.get(uid) != out.error:  # once per new error, as above
+                    self._warned[uid] = out.error
+                    log.warning("export of %s stopped this round: %s", rec.name, exc)
         return report
 
     def _app_id(self, sub_uid: str) -> str:
