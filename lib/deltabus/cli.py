@@ -765,7 +765,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("name", metavar="SUBSCRIPTION")
     u = command(sa, "update", "change the ack deadline, labels, push configuration, retry or dead-letter policy",
                 {"subscription.name": "SUBSCRIPTION", **{f"subscription.{f.name}": f.cli.flag for f in WITH_FLAG if f.cli},
-                 **PUSH_FLAGS, **POLICY_FLAGS, **{f"subscription.{k}": v for k, v in DELTA_FLAGS.items()}})
+                 **PUSH_FLAGS, **POLICY_FLAGS, **DELTA_FLAGS,  # the flags' own check (_delta_config) and the client's
+                 **{f"subscription.{k}": v for k, v in DELTA_FLAGS.items()}})
     u.add_argument("name", metavar="SUBSCRIPTION")
     field_options(u, update=True)
     policy_options(u, update=True)

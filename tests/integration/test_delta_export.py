@@ -329,6 +329,16 @@ def test_the_cli_creates_shows_and_clears_a_delta_export(sub, topic, warehouse, 
     assert [s.name for s in sub.list_subscriptions(project="local")] == ["projects/local/subscriptions/export-cli"]
 
 
+def test_the_cli_update_names_the_delta_table_flag_in_its_error(sub, topic, warehouse, capsys):
+    from deltabus import cli
+
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "create", "export-cli-3", "--topic", "orders"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli-3", "--delta-table", "rel/t"]) == 1
+    err = capsys.readouterr().err
+    assert "--delta-table" in err and "delta_config.table" not in err
+
+
 def test_an_export_subscription_cannot_be_pulled_from_so_a_puller_cannot_land_a_batch_twice(pub, sub, topic, warehouse, tmp_path):
     """As Pub/Sub's BigQuery/Cloud Storage subscriptions: only the export leases. Before, a
     pull after the export appended a batch (and died before its ack) got the same messages."""
