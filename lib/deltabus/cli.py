@@ -262,7 +262,7 @@ def _policy_flags(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _delta_config(args: argparse.Namespace) -> dict[str, Any]:
+def _delta_config(args: argparse.Namespace, current: Any = None) -> dict[str, Any]:
     """The Delta export the --delta-* flags describe, by field name: {"delta_config": dict},
     {"delta_config": None} to remove it (``--clear-delta-export``, update only), or {}."""
     from .types import DeltaConfig
@@ -277,8 +277,11 @@ def _delta_config(args: argparse.Namespace) -> dict[str, Any]:
         if extras:
             raise InvalidArgument(extras[0], "needs --delta-table")
         return {}
-    cfg = {"table": args.delta_table, "write_metadata": bool(args.delta_write_metadata),
-           "drop_unknown_fields": bool(args.delta_drop_unknown_fields)}
+    def keep(given: bool | None, name: str) -> bool:  # update: a flag left out keeps `current`'s value
+        return bool(given) if given is not None or current is None else bool(getattr(current, name))
+
+    cfg = {"table": args.delta_table, "write_metadata": keep(args.delta_write_metadata, "write_metadata"),
+           "drop_unknown_fields": keep(args.delta_drop_unknown_fields, "drop_unknown_fields")}
     DeltaConfig.coerce(cfg)
     return {"delta_config": cfg}
 
@@ -372,7 +375,11 @@ def cmd_subscriptions(args: argparse.Namespace, out: TextIO) -> None:
         print(json.dumps(_subscription_dict(_subscriber(args).get_subscription(subscription=_sub(args, args.name))), indent=2), file=out)
     elif args.action == "update":
         name = _sub(args, args.name)
-        given = {**_field_flag_values(args), **_policy_flags(args), **_delta_config(args)}
+        current = None
+        if args.delta_table is not None and (args.delta_write_metadata is None or args.delta_drop_unknown_fields is None):
+            _delta_config(args)  # a bad flag is refused before the warehouse is opened
+            current = _subscriber(args).get_subscription(subscription=name).delta_config
+        given = {**_field_flag_values(args), **_policy_flags(args), **_delta_config(args, current)}
         body: dict[str, Any] = {"name": name, **given}
         mask = list(given)
         if args.pull:
@@ -744,9 +751,11 @@ def build_parser() -> argparse.ArgumentParser:
         """The Delta export's flags (issue 17; Pub/Sub's BigQuery subscription)."""
         delta = q.add_argument_group("Delta export", "the push job appends the messages to a Delta table, then acks them")
         delta.add_argument("--delta-table", metavar="PATH_OR_URI", help="absolute path or URI of the Delta table (created if missing)")
-        delta.add_argument("--delta-write-metadata", action="store_true",
+        # On update, left out: the current value stays (--no-delta-… turns one off), as other update flags do.
+        flag: dict[str, Any] = {"action": argparse.BooleanOptionalAction, "default": None} if update else {"action": "store_true"}
+        delta.add_argument("--delta-write-metadata", **flag,
                            help="with --delta-table: add subscription_name, message_id, publish_time, attributes")
-        delta.add_argument("--delta-drop-unknown-fields", action="store_true",
+        delta.add_argument("--delta-drop-unknown-fields", **flag,
                            help="with --delta-table: drop columns an existing table lacks instead of failing")
         if update:
             delta.add_argument("--clear-delta-export", action="store_true", help="stop exporting (a pull subscription again)")

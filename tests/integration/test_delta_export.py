@@ -321,7 +321,7 @@ def test_the_cli_creates_shows_and_clears_a_delta_export(sub, topic, warehouse, 
     assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli", "--delta-table", table,
                      "--delta-drop-unknown-fields"], out=io.StringIO()) == 0
     cfg = sub.get_subscription(subscription="projects/local/subscriptions/export-cli").delta_config
-    assert cfg is not None and cfg.drop_unknown_fields and not cfg.write_metadata
+    assert cfg is not None and cfg.drop_unknown_fields and cfg.write_metadata  # left out: kept
     assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli", "--clear-delta-export"], out=io.StringIO()) == 0
     assert sub.get_subscription(subscription="projects/local/subscriptions/export-cli").delta_config is None
     assert cli.main(["--warehouse", warehouse, "subscriptions", "create", "export-cli-2", "--topic", "orders",
@@ -337,6 +337,20 @@ def test_the_cli_update_names_the_delta_table_flag_in_its_error(sub, topic, ware
     assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli-3", "--delta-table", "rel/t"]) == 1
     err = capsys.readouterr().err
     assert "--delta-table" in err and "delta_config.table" not in err
+
+
+def test_the_cli_update_of_the_table_alone_keeps_write_metadata(sub, topic, warehouse, tmp_path):
+    from deltabus import cli
+
+    name = "projects/local/subscriptions/export-cli-4"
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "create", "export-cli-4", "--topic", "orders",
+                     "--delta-table", str(tmp_path / "a"), "--delta-write-metadata"]) == 0
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli-4", "--delta-table", str(tmp_path / "b")]) == 0
+    cfg = sub.get_subscription(subscription=name).delta_config
+    assert cfg is not None and cfg.table == str(tmp_path / "b") and cfg.write_metadata  # before: silently turned off
+    assert cli.main(["--warehouse", warehouse, "subscriptions", "update", "export-cli-4", "--delta-table", str(tmp_path / "b"),
+                     "--no-delta-write-metadata"]) == 0
+    assert not sub.get_subscription(subscription=name).delta_config.write_metadata
 
 
 def test_an_export_subscription_cannot_be_pulled_from_so_a_puller_cannot_land_a_batch_twice(pub, sub, topic, warehouse, tmp_path):
