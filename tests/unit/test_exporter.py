@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from deltabus.push.exporter import Pending, PendingFiles, app_id_for, export_subscriptions
+from deltabus.push.exporter import EXPORT_BATCH, MAX_EXPORT_BATCHES, Pending, PendingFiles, app_id_for, export_budget, export_subscriptions
 from deltabus.registry import SubscriptionRecord
 from deltabus.types import DeltaConfig
 
@@ -136,3 +136,10 @@ def test_a_failing_pending_file_write_is_logged_once_not_every_run(tmp_path, cap
     ex.close()
     pub.stop()
     sub.close()
+
+
+def test_exports_get_what_the_pushes_left_at_least_a_quarter_and_a_bounded_number_of_batches():
+    assert export_budget(0, 0) == 0  # the drain batch (no budget) exports nothing
+    assert export_budget(8_000, 2_000) == 6_000  # what the pushes left
+    assert export_budget(8_000, 8_000) == 2_000  # a full push batch still leaves exports a quarter
+    assert export_budget(50_000, 0) == MAX_EXPORT_BATCHES * EXPORT_BATCH  # bounded micro-batch time

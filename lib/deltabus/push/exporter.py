@@ -59,6 +59,21 @@ log = logging.getLogger("deltabus.deliver")
 EXPORT_BATCH = 1000
 
 
+# Export batches one micro-batch may run at most: each is a lease, an append and an ack
+# commit (~50-100 ms on delta-rs here), and the batch's push outcomes wait for the next
+# micro-batch meanwhile. Ten keep that under about a second.
+MAX_EXPORT_BATCHES = 10
+
+
+def export_budget(batch_budget: int, pushed: int) -> int:
+    """Messages the exports may take in a micro-batch whose pushes were launched `pushed` of
+    its `batch_budget`: what the pushes left, but at least a quarter (exports go on beside a
+    push backlog that fills every batch), and at most MAX_EXPORT_BATCHES full batches."""
+    if batch_budget <= 0:
+        return 0
+    return min(max(batch_budget - pushed, batch_budget // 4), MAX_EXPORT_BATCHES * EXPORT_BATCH)
+
+
 def app_id_for(sub_uid: str, pending_dir: str) -> str:
     """The application transaction id of a subscription's export by the job whose pending
     files are in `pending_dir`: from the subscription's uid (a re-created subscription with

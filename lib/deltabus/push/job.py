@@ -64,7 +64,7 @@ from . import plan
 from .auth import TokenSource
 from .backlog_refresher import BacklogRefresher
 from .commit_pacer import CommitPacer
-from .exporter import DeltaExporter, ExportReport, export_subscriptions
+from .exporter import DeltaExporter, ExportReport, export_budget, export_subscriptions
 from .ledger import Collected
 from .micro_batch import BatchRows, already_committed, app_id_for, batch_rows, checkpoint_for
 from .outcome_ledger import HeldOutcomes, OutcomeLedger
@@ -256,7 +256,9 @@ class DeliveryJob:
                     self.activity.used(by_uid[uid])
         self.book.settle(subs)
         exports = export_subscriptions(records)
-        exported, export_acked = self._export(exports, budget) if exports and batch_id is not None else (0, 0)
+        exported, export_acked = (
+            self._export(exports, export_budget(budget, report.delivered)) if exports and batch_id is not None else (0, 0)
+        )
         report.delivered += exported
         report.acked += export_acked
         quiet = self.unsettled() == 0 and report.delivered == 0 and not merging and not result.fanned_out
