@@ -11,14 +11,30 @@ from aiohttp import web
 from deltabus._server_thread import ServerThread
 
 
+def _left_by_its_client(handler) -> ServerThread:
+    """A server whose `handler` is running for a client that sent one request and went away."""
+    entered = threading.Event()
+
+    async def handle(request: web.Request) -> web.Response:
+        entered.set()
+        return await handler(request)
+
+    app = web.Application()
+    app.router.add_post("/", handle)
+    server = ServerThread(app).start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
+        assert entered.wait(10)
+    return server
+
+
 def test_stop_ends_a_handler_whose_client_went_away_and_closes_the_loop() -> None:
     """A pusher killed mid-request leaves its handler waiting: aiohttp's cleanup no longer
     tracks it. stop() must still end it (seen: 156 "Task was destroyed but it is pending!"
     printed at the exit of a test session, after a push job was killed mid-push)."""
-    entered, ended = threading.Event(), []
+    ended = []
 
     async def hold(request: web.Request) -> web.Response:
-        entered.set()
         try:
             await asyncio.sleep(3600)  # answers far too late
         except asyncio.CancelledError:
@@ -26,13 +42,7 @@ def test_stop_ends_a_handler_whose_client_went_away_and_closes_the_loop() -> Non
             raise
         return web.Response()
 
-    app = web.Application()
-    app.router.add_post("/", hold)
-    server = ServerThread(app).start()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
-        assert entered.wait(10)
-    # The client is gone; its handler still sleeps.
+    server = _left_by_its_client(hold)  # the client is gone; its handler still sleeps
     server.stop()
     assert ended == ["cancelled"]
     server.stop()  # again: nothing to do
@@ -40,10 +50,7 @@ def test_stop_ends_a_handler_whose_client_went_away_and_closes_the_loop() -> Non
 
 
 def test_stop_returns_when_a_handler_ignores_its_cancellation() -> None:
-    entered = threading.Event()
-
     async def stubborn(request: web.Request) -> web.Response:
-        entered.set()
         for _ in range(2):
             try:
                 await asyncio.sleep(3600)
@@ -51,12 +58,7 @@ def test_stop_returns_when_a_handler_ignores_its_cancellation() -> None:
                 pass  # swallowed once; the loop closes after CANCEL_GRACE regardless
         return web.Response()
 
-    app = web.Application()
-    app.router.add_post("/", stubborn)
-    server = ServerThread(app).start()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
-        assert entered.wait(10)
+    server = _left_by_its_client(stubborn)
     server.stop()
     server.call_soon(lambda: None)
 
