@@ -158,3 +158,11 @@ class AcknowledgeError(DeltabusError):
         self.info = info
         self.failed = dict(failed or {})
         super().__init__(f"{error_code.value}" + (f": {info}" if info else ""))
+
+
+def export_pull_refused(name: str) -> str:
+    """Why Pull/StreamingPull/subscribe are refused on a Delta export subscription: as with
+    Pub/Sub's BigQuery and Cloud Storage subscriptions, only the export leases its messages
+    (a puller holding a message the export appended but has not yet acked would land it twice)."""
+    return (f"{name} is a Delta export subscription (delta_config is set); its messages are delivered "
+            "only to its table, so it cannot be pulled from: clear delta_config to pull")

@@ -93,7 +93,6 @@ import pyarrow.compute as pc
 
 from .. import ackid
 from ..delivery import dead_letter
-from ..subscriber.client import export_pull_refused
 from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 from ..delivery.cursor import pending_range, read_unfanned
 from ..delivery.fanout import MAX_FANOUT_VERSIONS, Fanout, prepare
@@ -104,7 +103,7 @@ from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
 from ..delivery.selection import read_candidates, select
-from ..errors import ClockUncertain, FailedPrecondition
+from ..errors import ClockUncertain, FailedPrecondition, export_pull_refused
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
@@ -266,7 +265,7 @@ def run_round(
         if push:
             answers[i] = FailedPrecondition(f"{sub.name} is a push subscription; pull needs an empty push endpoint")
             continue
-        if sub.delta_config is not None:
+        if exported:
             answers[i] = FailedPrecondition(export_pull_refused(sub.name))
             continue
         if refused is not None:

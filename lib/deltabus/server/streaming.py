@@ -82,11 +82,10 @@ import grpc
 import grpc.aio
 from google.pubsub_v1 import types as pb
 
-from ..subscriber.client import export_pull_refused
 from .. import ackid, names
 from ..activity import ActivityRecorder
 from ..delivery.model import IdResult, Result
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, export_pull_refused
 from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
 from ..storage.clock import wall

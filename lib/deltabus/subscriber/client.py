@@ -20,7 +20,7 @@ from .._closing import refused_when_closed
 from .._common import ClientBase
 from .._call_args import fields, mask_paths, required
 from ..delivery.model import DeliveryRef, Result
-from ..errors import AcknowledgeError, AcknowledgeStatus, ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached
+from ..errors import AcknowledgeError, AcknowledgeStatus, ClientClosed, FailedPrecondition, InvalidArgument, SubscriptionDetached, export_pull_refused
 from ..delivery import seek as seeking
 from ..pagers import ListSnapshotsPager, ListSubscriptionsPager
 from ..snapshots import Snapshots
@@ -56,14 +56,6 @@ IDLE_RECHECK = 0.5
 # The shortest time between the starts of two reads that found nothing: commits of other
 # topics also wake a waiter, and a busy warehouse must not turn waiting into a loop of reads.
 MIN_RECHECK = 0.1
-
-
-def export_pull_refused(name: str) -> str:
-    """Why Pull/StreamingPull/subscribe are refused on a Delta export subscription: as with
-    Pub/Sub's BigQuery and Cloud Storage subscriptions, only the export leases its messages
-    (a puller holding a message the export appended but has not yet acked would land it twice)."""
-    return (f"{name} is a Delta export subscription (delta_config is set); its messages are delivered "
-            "only to its table, so it cannot be pulled from: clear delta_config to pull")
 
 
 class SubscriberClient(ClientBase):
