@@ -50,7 +50,7 @@ CONFS = [
     "--conf", f"spark.sql.shuffle.partitions={WORKERS * CORES}",
     "--conf", f"spark.databricks.delta.snapshotPartitions={WORKERS * CORES}",
 ]
-WORKER = "tests/integration/_stream_cluster_worker.py"
+WORKER = ROOT / "tests" / "integration" / "_stream_cluster_worker.py"
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +63,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     assert c.pids() == []
 
 
-def start(cluster: StandaloneCluster, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+def start(cluster: StandaloneCluster, cwd: Path, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """The driver, run from `cwd`: its paths are relative, as with the settings' default
+    warehouse (``./warehouse``), while the executors run in their workers' directories."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
     env["PYTHONUNBUFFERED"] = "1"
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [str(ROOT / "spark-submit.sh"), "--master", cluster.master_url, *CONFS, WORKER, "--engine", "delta-spark", *args],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [str(ROOT / "spark-submit.sh"), "--master", cluster.master_url, *CONFS, str(WORKER), "--engine", "delta-spark", *args],
+            cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
 
@@ -133,7 +135,7 @@ def test_stream_source_on_a_delta_spark_warehouse_on_a_cluster_survives_sigkill_
         return f"{replay}\n{log_path.read_text(errors='replace')[-4000:]}"
 
     before = app_dirs(cluster)
-    job = start(cluster, log_path, warehouse, s, sink, ck, "--setup", topic, str(ids_file))
+    job = start(cluster, tmp_path, log_path, "warehouse", s, "sink", "ck", "--setup", topic, ids_file.name)
     try:
         deadline = time.time() + 240
         while not ids_file.exists():  # the driver's set-up through delta-spark
@@ -163,7 +165,7 @@ def test_stream_source_on_a_delta_spark_warehouse_on_a_cluster_survives_sigkill_
     landed = len(sink_rows(sink, ["message_id"]))
     assert 0 < landed < len(wanted), f"{landed} of {len(wanted)} in the sink at the kill: {tail()}"
 
-    job = start(cluster, log_path, warehouse, s, sink, ck, "--until", str(len(wanted)))
+    job = start(cluster, tmp_path, log_path, "warehouse", s, "sink", "ck", "--until", str(len(wanted)))
     try:
         assert job.wait(240) == 0, tail()
     finally:
