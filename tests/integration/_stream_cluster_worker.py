@@ -2,7 +2,8 @@
 on a warehouse of the delta-spark engine, into delta-spark's own sink.
 
 Started as users start jobs (``./spark-submit.sh --master spark://… <this> --engine delta-spark …``:
-the Delta jars and session settings come from spark-submit.sh; DELTABUS_ENGINE=delta-spark).
+the Delta jars and session settings come from spark-submit.sh; DELTABUS_ENGINE=delta-spark in
+the environment of the whole job).
 With --setup it first creates the warehouse, the topic and a subscription (filter, ordering
 keys) and publishes, all through the delta-spark engine, and writes the published ids to
 IDS_FILE. Then it runs ``readStream.format("deltabus")`` into ``writeStream.format("delta")`` (checkpointed, so each
@@ -65,7 +66,7 @@ def main() -> int:
     p.add_argument("--setup", nargs=2, metavar=("TOPIC", "IDS_FILE"))
     p.add_argument("--until", type=int)
     args = p.parse_args()
-    os.environ["DELTABUS_ENGINE"] = args.engine  # as a user of the delta-spark engine sets it
+    assert os.environ.get("DELTABUS_ENGINE") == args.engine, os.environ.get("DELTABUS_ENGINE")  # set for the whole job
     from pyspark.sql import SparkSession
 
     from deltabus.spark.streaming import register

@@ -47,6 +47,7 @@ CONFS = [
     "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "--conf", "spark.driver.memory=1g",
     "--conf", "spark.ui.enabled=false",
+    "--conf", "spark.executorEnv.DELTABUS_ENGINE=delta-spark",
     "--conf", f"spark.sql.shuffle.partitions={WORKERS * CORES}",
     "--conf", f"spark.databricks.delta.snapshotPartitions={WORKERS * CORES}",
 ]
@@ -68,6 +69,10 @@ def start(cluster: StandaloneCluster, cwd: Path, log_path: Path, *args: str) -> 
     warehouse (``./warehouse``), while the executors run in their workers' directories."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
     env["PYTHONUNBUFFERED"] = "1"
+    # A user of the delta-spark engine sets it for the whole job: the JVM and every Python
+    # process it starts (the source's runner among them) get it; executors through executorEnv.
+    # (The test process pins delta-rs for itself: tests/conftest.py.)
+    env["DELTABUS_ENGINE"] = "delta-spark"
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [str(ROOT / "spark-submit.sh"), "--master", cluster.master_url, *CONFS, str(WORKER), "--engine", "delta-spark", *args],
