@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jwks-port", type=_port, help="serve the push signing keys (JWKS) over HTTP on this port (0: any free port)")
     p.add_argument("--jwks-host", default="127.0.0.1", help="address the JWKS server listens on (default 127.0.0.1)")
     p.add_argument("--allow-http", action="store_true", default=None, help="allow plain http:// endpoints (localhost, tests)")
+    p.add_argument("--max-queued-bytes", type=int,
+                   help="bytes of messages the push queue may hold in the driver (default: from conf, 268435456 = 256 MiB)")
     p.add_argument("--checkpoint-dir", help="structured-streaming checkpoints (default: <warehouse>/_checkpoints)")
     p.add_argument("--engine", choices=["auto", "delta-rs", "delta-spark"],
                    help="storage engine (default: from conf, auto = delta-spark when Spark has the Delta jars)")
@@ -68,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-FLAGS = ("warehouse", "trigger_interval", "allow_http", "checkpoint_dir", "engine")
+FLAGS = ("warehouse", "trigger_interval", "allow_http", "checkpoint_dir", "engine", "max_queued_bytes")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,9 @@ class Settings:
     checkpoint_dir: str = ""  # default <warehouse>/_checkpoints
     delivery_partitions: int = 2
     max_pushes_per_batch: int = 50_000
+    # Bytes of messages (data and attribute values) the push queue may hold in the driver:
+    # leasing stops while it is full (a single message larger than the cap goes alone).
+    max_queued_bytes: int = 256 * 1024 * 1024
     backlog_interval: float = 1.0
     engine: EngineName = "auto"
 
@@ -57,6 +60,8 @@ class Settings:
             raise InvalidArgument("delivery_partitions", f"must be 1..1024, got {self.delivery_partitions}")
         if not 1 <= self.max_pushes_per_batch <= 10_000_000:
             raise InvalidArgument("max_pushes_per_batch", f"must be 1..10000000, got {self.max_pushes_per_batch}")
+        if not 1 <= self.max_queued_bytes <= 1 << 40:
+            raise InvalidArgument("max_queued_bytes", f"must be 1..{1 << 40} bytes, got {self.max_queued_bytes}")
         if not 0 <= self.backlog_interval <= 3600:
             raise InvalidArgument("backlog_interval", f"must be 0..3600 seconds, got {self.backlog_interval}")
 

@@ -456,3 +456,24 @@ def test_a_batch_never_appended_is_not_acked_when_the_new_table_records_a_higher
     got = landed(b_t)["message_id"].to_pylist() + (landed(a_t)["message_id"].to_pylist() if os.path.exists(a_t) else [])
     assert got.count(lost[0]) == 1  # before: acked without being appended anywhere (lost)
     assert csub.get_backlog(s).num_unacked_messages == 0
+
+
+def test_an_export_batch_is_bounded_in_bytes_and_a_larger_message_goes_alone(pub, sub, topic, warehouse, tmp_path, monkeypatch):
+    from deltabus.push import exporter
+
+    monkeypatch.setattr(exporter, "EXPORT_BATCH_BYTES", 3_000)
+    table = str(tmp_path / "bounded")
+    s = sub.subscription_path("local", "export-bounded")
+    sub.create_subscription(request={"name": s, "topic": topic, "delta_config": {"table": table}})
+    ids = pub.publish_batch(topic, [{"data": bytes([65 + i]) * 1_000} for i in range(7)] + [{"data": b"z" * 5_000}])
+    job = DeliveryJob(None, config.Settings(warehouse=warehouse, **SETTINGS))  # type: ignore[arg-type]  # no pushes: no Spark
+    try:
+        run_until(job, lambda: sub.get_backlog(s).num_unacked_messages == 0)
+    finally:
+        job.close()
+    dt = DeltaTable(table)
+    assert sorted(landed(table)["data"].to_pylist()) == sorted([bytes([65 + i]) * 1_000 for i in range(7)] + [b"z" * 5_000])
+    history = [h for h in dt.history() if h.get("operation") == "WRITE"]
+    per_append = sorted(int(h["operationMetrics"]["num_added_rows"]) for h in history)
+    assert sum(per_append) == len(ids) and max(per_append) <= 3  # 3 x 1,000 bytes at most; the 5,000-byte one alone
+    assert 1 in per_append

@@ -113,3 +113,40 @@ def test_fanout_sorted_by_version_then_id_and_filtered() -> None:
 def test_op_values_are_the_merge_vocabulary() -> None:
     assert {o.value for o in Op} == {"insert", "lease", "ack", "nack", "deadline", "give_up", "cascade", "seek_drop", "seek_keep"}
     assert set(OPS_CLAUSES) == set(Op)  # every op has its MERGE clause
+
+
+def sized(table: pa.Table, sizes: list[int | None]) -> pa.Table:
+    """`table` with its size_bytes set (available rows gain the column)."""
+    col = pa.array(sizes, pa.int64())
+    if "size_bytes" in table.column_names:
+        return table.set_column(table.schema.get_field_index("size_bytes"), "size_bytes", col)
+    return table.append_column("size_bytes", col)
+
+
+def test_max_bytes_leases_the_candidates_that_fit_in_order() -> None:
+    due = sized(available(("a", 3, 1), ("b", 4, 1)), [400, 300])
+    new = sized(fresh(("c", 7), ("d", 7), ("e", 8)), [200, 100, 50])
+    got = select("s1", due, new, 10, EXPIRES, max_bytes=900)
+    assert [l.message_id for l in got.leases] == ["a", "b", "c"] and got.leased_bytes == 900
+    # the first that does not fit ends the leasing (d would fit after c did not: no skipping ahead)
+    got = select("s1", due, new, 10, EXPIRES, max_bytes=850)
+    assert [l.message_id for l in got.leases] == ["a", "b"] and got.leased_bytes == 700
+    assert ops(got.parts)[2:] == [("insert", "c", 0, None), ("insert", "d", 0, None), ("insert", "e", 0, None)]
+    got = select("s1", due, new, 10, EXPIRES, max_bytes=None)  # no cap: every one, room permitting
+    assert len(got.leases) == 5 and got.leased_bytes == 0  # (not counted without a cap)
+
+
+def test_a_message_larger_than_the_cap_goes_alone_only_when_oversize_is_allowed() -> None:
+    due = sized(available(("big", 3, 1), ("a", 4, 1)), [10_000, 10])
+    assert select("s1", due, fresh(), 10, EXPIRES, max_bytes=1_000).leases == []
+    got = select("s1", due, fresh(), 10, EXPIRES, max_bytes=1_000, oversize_ok=True)
+    assert [l.message_id for l in got.leases] == ["big"] and got.leased_bytes == 10_000
+    got = select("s1", sized(available(), []), sized(fresh(("big", 7), ("c", 7)), [5_000, 1]), 10, EXPIRES, max_bytes=0,
+                 oversize_ok=True)
+    assert [l.message_id for l in got.leases] == ["big"]
+
+
+def test_max_bytes_counts_missing_sizes_as_zero_and_respects_room() -> None:
+    due = sized(available(("a", 3, 1), ("b", 4, 1), ("c", 5, 1)), [None, 5, 5])
+    got = select("s1", due, fresh(), 2, EXPIRES, max_bytes=100)
+    assert [l.message_id for l in got.leases] == ["a", "b"] and got.leased_bytes == 5

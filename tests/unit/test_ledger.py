@@ -157,3 +157,29 @@ def test_settled_within_is_the_last_give_up_time_of_what_is_held_each_by_its_own
     assert d.settled_within() == 35.0  # handed out: the assignment keeps each lease's end
     d.settle(results(work))
     assert d.settled_within() == 0.0
+
+
+def test_outstanding_bytes_follow_submit_settle_loss_and_drop():
+    from deltabus.push.ledger import message_sizes
+
+    clock = Clock()
+    d = PushLedger(clock=clock)
+    big = requests("a", range(4)).set_column(REQUEST_SCHEMA.get_field_index("data"), REQUEST_SCHEMA.field("data"),
+                                              pa.array([b"x" * 100] * 4, pa.binary()))
+    big = big.set_column(REQUEST_SCHEMA.get_field_index("attributes"), REQUEST_SCHEMA.field("attributes"),
+                         pa.array([[("k", "vvvv")], [], None, [("k", "1"), ("j", "22")]], REQUEST_SCHEMA.field("attributes").type))
+    assert message_sizes(big) == [104, 100, 100, 103] and message_sizes(big.slice(3)) == [103]
+    d.submit("a", big)
+    d.submit("b", requests("b", range(10, 13)))  # 3 x 1 byte
+    assert d.outstanding_bytes() == 410 and d.peak_bytes == 410
+    work = d.hand_out("w1", {}, per_sub=1, limit=1000)  # one of each: still outstanding with the worker
+    assert d.outstanding_bytes() == 410
+    d.settle(results(work))
+    assert d.outstanding_bytes() == 410 - 104 - 1
+    clock.t += 60  # past every lease: the rest given up on
+    d.collect()
+    assert d.outstanding_bytes() == 0 and d.peak_bytes == 410
+    d.submit("a", big)
+    assert d.drop_queued() == 4 and d.outstanding_bytes() == 407  # lost: freed at the next collect
+    d.collect()
+    assert d.outstanding_bytes() == 0

@@ -38,9 +38,12 @@ def pull(
     lease_seconds: float,
     clock: Callable[[], float],
     hooks: DeliveryHooks | None = None,
+    max_bytes: int | None = None,
 ) -> list[Lease]:
     """Lease up to max_messages available messages for lease_seconds; return the leases
-    (redeliveries first, oldest first, then new messages in publish order).
+    (redeliveries first, oldest first, then new messages in publish order). `max_bytes`:
+    their size_bytes add up to at most this, except that the first goes even when larger
+    (``selection.select``'s `oversize_ok`).
 
     New messages are fanned out from the cursor in the same MERGE. With nothing to lease,
     nothing is written, except that a cursor lagging IDLE_CURSOR_LAG versions behind
@@ -60,7 +63,8 @@ def pull(
                 commit(snap, [], [uid], [(cursor_app_id(uid), fan.end)])
             return [], None
         # Granted until the storage's latest possible time (a StorageClock) + the lease: see deadline.
-        chosen = select(uid, available, fan.rows, max_messages, to_us(deadline(clock, now, lease_seconds)), policy, keys)
+        chosen = select(uid, available, fan.rows, max_messages, to_us(deadline(clock, now, lease_seconds)), policy, keys,
+                        max_bytes=max_bytes, oversize_ok=True)
         parts, txns, key = chosen.parts, fan.txns(uid), None
         if chosen.given_up and dead is not None:  # mark them in this commit (the move's intent)
             parts, txns, key = dead.mark(snap, parts, txns)

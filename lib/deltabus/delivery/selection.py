@@ -26,7 +26,7 @@ from .hooks import DEFAULT_HOOKS, DeliveryHooks, DueFilter
 from .merge import NACKED_MAX_US, cascade_rows, source_rows
 from .model import Lease, Op
 
-STATE_COLUMNS = ["message_id", "message_version", "publish_time", "delivery_attempt", "lease_expires"]
+STATE_COLUMNS = ["message_id", "message_version", "publish_time", "delivery_attempt", "lease_expires", "size_bytes"]
 AVAILABLE_ORDER = [("message_version", "ascending"), ("message_id", "ascending")]
 
 
@@ -193,6 +193,7 @@ class Selection(NamedTuple):
     leases: list[Lease]  # in lease order
     inserted: int  # new messages fanned out (leased or not)
     given_up: int  # candidates that reached the attempt limit
+    leased_bytes: int = 0  # the leased messages' size_bytes, summed (``select``'s `max_bytes`)
 
 
 def _repeat_ts(value_us: int, n: int) -> pa.Array:
@@ -212,6 +213,16 @@ def _leased_prefix(eligible: Sequence[bool] | None, n: int, k: int) -> list[bool
     return out
 
 
+def _within_bytes(sizes: pa.Array | pa.ChunkedArray, max_bytes: int, oversize_ok: bool) -> int:
+    """How many leading `sizes` (null: 0) add up to at most `max_bytes`; at least one when
+    `oversize_ok` and there is one (a message larger than the whole cap still goes alone)."""
+    if len(sizes) == 0:
+        return 0
+    total = pc.cumulative_sum(pc.fill_null(sizes, 0).cast(pa.int64()))
+    n = int(pc.sum(pc.less_equal(total, max_bytes)).as_py() or 0)
+    return max(n, 1) if oversize_ok else n
+
+
 def select(
     sub_uid: str,
     available: pa.Table,
@@ -220,12 +231,17 @@ def select(
     expires_us: int,
     hooks: DeliveryHooks = DEFAULT_HOOKS,
     keys: KeyState = NO_KEYS,
+    *,
+    max_bytes: int | None = None,
+    oversize_ok: bool = False,
 ) -> Selection:
     """Lease up to `room` candidates until `expires_us`: `available` rows first (STATE_COLUMNS,
     in AVAILABLE_ORDER), then `fresh` messages (FANOUT_COLUMNS, in FANOUT_ORDER). Every fresh
     message is inserted; those not leased get attempt 0 and no lease. `keys`: the ordering
     state the eligibility hook decides with (``read_candidates``); its ``ended`` leases
-    end in the same MERGE (CASCADE rows). Pure."""
+    end in the same MERGE (CASCADE rows). `max_bytes`: the leases' size_bytes add up to at
+    most this (in candidate order: the first that does not fit ends the leasing), except
+    that with `oversize_ok` the first candidate goes even when it alone is larger. Pure."""
     parts: list[pa.Table] = []
     if keys.ended.num_rows:
         parts.append(cascade_rows(sub_uid, keys.ended))
@@ -245,6 +261,11 @@ def select(
             parts.append(source_rows(Op.GIVE_UP, sub_uid, gone, gone["delivery_attempt"], pa.nulls(given_up, TS)))
             available, attempts = available.filter(pc.invert(stop)), attempts.filter(pc.invert(stop))
     available, attempts = available.slice(0, room), attempts.slice(0, room)
+    spent = 0
+    if max_bytes is not None:
+        fits = _within_bytes(available["size_bytes"], max_bytes, oversize_ok)
+        available, attempts = available.slice(0, fits), attempts.slice(0, fits)
+        spent = int(pc.sum(pc.fill_null(available["size_bytes"], 0)).as_py() or 0)
     n = available.num_rows
     if n:
         parts.append(source_rows(Op.LEASE, sub_uid, available, attempts, _repeat_ts(expires_us, n)))
@@ -254,6 +275,9 @@ def select(
     ]
     if fresh.num_rows:
         f, k = fresh.num_rows, min(room - n, fresh.num_rows)
+        if max_bytes is not None and k > 0:  # the fresh ones leased (in order) fit what is left
+            sizes = fresh["size_bytes"] if fresh_ok is None else fresh["size_bytes"].filter(pa.array(fresh_ok, pa.bool_()))
+            k = min(k, _within_bytes(sizes.slice(0, k), max_bytes - spent, oversize_ok and n == 0))
         if fresh_ok is None:  # the first k are leased (built in bulk: a batch may hold 100k rows)
             new_attempts = pa.concat_arrays([pa.repeat(pa.scalar(1, pa.int32()), k), pa.repeat(pa.scalar(0, pa.int32()), f - k)])
             new_expires = pa.concat_arrays([_repeat_ts(expires_us, k), pa.nulls(f - k, TS)])
@@ -265,4 +289,6 @@ def select(
             leased = fresh.filter(pa.array(mask, pa.bool_()))
         parts.append(source_rows(Op.INSERT, sub_uid, fresh, new_attempts, new_expires))
         leases.extend(Lease(m, 1, v) for m, v in zip(leased["message_id"].to_pylist(), leased["message_version"].to_pylist()))
-    return Selection(parts, leases, fresh.num_rows, given_up)
+        if max_bytes is not None:
+            spent += int(pc.sum(pc.fill_null(leased["size_bytes"], 0)).as_py() or 0)
+    return Selection(parts, leases, fresh.num_rows, given_up, spent)

@@ -57,6 +57,9 @@ log = logging.getLogger("deltabus.deliver")
 
 # Messages leased per export batch (one pull, one append, one ack).
 EXPORT_BATCH = 1000
+# ... and at most this many bytes of them (size_bytes; one larger message goes alone): at
+# Pub/Sub's 10 MB per message, 1,000 could otherwise make a 10 GB append held in the driver.
+EXPORT_BATCH_BYTES = 64 * 1024 * 1024
 
 
 # Export batches one micro-batch may run at most: each is a lease, an append and an ack
@@ -258,7 +261,7 @@ class DeltaExporter:
             self._next[uid] = self._reconcile(rec, out)
         done = 0
         while done < budget:
-            received = self._client._export_lease(rec.name, min(self._batch_size, budget - done))
+            received = self._client._export_lease(rec.name, min(self._batch_size, budget - done), EXPORT_BATCH_BYTES)
             if not received:
                 break
             batch = self._next[uid]

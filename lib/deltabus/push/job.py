@@ -123,6 +123,8 @@ class RunSummary:
     nacked: int = 0
     stopped_because: str = ""
     reports: list[BatchReport] = field(default_factory=list)
+    # The most message bytes ever leased and not yet settled at once (Settings.max_queued_bytes).
+    peak_push_bytes: int = 0
 
 
 # When the job stops, pushes already handed to workers get this long past their deadline to report.
@@ -326,6 +328,9 @@ class DeliveryJob:
             log.warning("leasing nothing this batch: %s", exc)
             pad = None
         remaining = budget if pad is not None else 0
+        # The push queue's byte cap (settings.max_queued_bytes): the pushes queued or with a
+        # worker, not yet settled, leave the rest for this batch's leases.
+        queued_bytes = self._pool.ledger.outstanding_bytes() if self._pool is not None else 0
         plans = []
         for uid, rec in subs.items():
             room = self.book.room(uid, now, remaining)
@@ -338,6 +343,7 @@ class DeliveryJob:
             # Never twice in a row: under a publish rate that fans out more than the limit in
             # every batch, the job would otherwise lease nothing for as long as it lasts.
             lease_fanout_limit=None if self._held_leases else FANOUT_LIMIT,
+            max_bytes=max(0, self.settings.max_queued_bytes - queued_bytes), oversize_ok=queued_bytes == 0,
         )
 
     def _export(self, exports: Mapping[str, SubscriptionRecord], budget: int) -> tuple[int, int]:
@@ -436,6 +442,7 @@ class DeliveryJob:
     def close(self, wait: float = 15.0) -> None:
         """Stop the push workers, waiting up to `wait` seconds for them to end."""
         if self._pool is not None:
+            self.summary.peak_push_bytes = max(self.summary.peak_push_bytes, self._pool.ledger.peak_bytes)
             self._pool.close(wait)
             self._pool = None
         if self._exporter is not None:

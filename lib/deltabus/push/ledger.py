@@ -8,6 +8,12 @@ its worker never reported it within its deadline plus ``grace``, or when its wor
 gone. Lost requests are only forgotten, never pushed on purpose again: their leases expire
 in Delta and the normal redelivery takes over.
 
+Bytes: the ledger counts the message bytes (data and attribute values: ``message_sizes``)
+of every push not yet settled or given up on, queued or with a worker
+(``outstanding_bytes``); the job leases no more than its byte cap leaves
+(``Settings.max_queued_bytes``), so neither the driver's queue nor the workers' hands hold
+more than that.
+
 Thread-safe: the job's thread queues and collects, the pool's HTTP server thread hands out
 and settles; every method takes the one lock. How much of each subscription goes into one
 assignment is ``policy/handout.py``'s decision. (Formerly ``dispatcher.py``/``Dispatcher``: it
@@ -22,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -29,6 +36,23 @@ from ..policy.handout import allocate
 from .wire import RESULT_SCHEMA, WORK_SCHEMA
 
 Key = tuple[str, str]  # (sub_uid, message_id)
+
+
+def message_sizes(requests: pa.Table) -> list[int]:
+    """Each request row's message bytes: its data plus its attribute values (what a push
+    holds of its message; the leases' size_bytes count the same)."""
+    sizes = np.asarray(pc.fill_null(pc.binary_length(requests["data"]), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    out = sizes.copy()
+    start = 0
+    for chunk in requests["attributes"].chunks:
+        n = len(chunk)
+        if n:  # a map array's items are shared by its slices: its own offsets bound them
+            offsets = np.asarray(chunk.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+            lengths = np.asarray(pc.fill_null(pc.binary_length(chunk.items), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+            cum = np.concatenate([[0], np.cumsum(lengths)])
+            out[start:start + n] += cum[offsets[1:]] - cum[offsets[:-1]]
+        start += n
+    return [int(v) for v in out]
 
 
 @dataclass(slots=True)
@@ -62,6 +86,9 @@ class PushLedger:
         self._lock = threading.Lock()
         self._queues: dict[str, collections.deque[_Queued]] = {}
         self._queued_rows: collections.Counter[str] = collections.Counter()
+        self._sizes: dict[Key, int] = {}  # message bytes of every push not yet settled or given up on
+        self._bytes = 0  # their sum (outstanding_bytes)
+        self.peak_bytes = 0  # the most ever outstanding at once
         self._assigned: dict[int, _Assignment] = {}
         self._next = 0
         self._rr = 0
@@ -76,9 +103,19 @@ class PushLedger:
         # Not before its lease ends: a worker may still send it until then (a lease runs past
         # one ack deadline when the job adds its commit time, policy/lease_start.py).
         timeout = max(float(pc.max(requests["timeout_seconds"]).as_py()), self._lease_left(requests))
+        sizes = message_sizes(requests)
         with self._lock:
             self._queues.setdefault(sub_uid, collections.deque()).append(_Queued(requests, self._clock() + timeout))
             self._queued_rows[sub_uid] += requests.num_rows
+            for mid, size in zip(requests["message_id"].to_pylist(), sizes):
+                self._bytes += size - self._sizes.get((sub_uid, mid), 0)
+                self._sizes[(sub_uid, mid)] = size
+            self.peak_bytes = max(self.peak_bytes, self._bytes)
+
+    def _forget(self, keys: list[Key] | set[Key]) -> None:
+        """(Under the lock.) Settled or given up on: their bytes are free."""
+        for key in keys:
+            self._bytes -= self._sizes.pop(key, 0)
 
     def collect(self) -> Collected:
         """Outcomes reported since the last call, and requests given up on."""
@@ -93,6 +130,7 @@ class PushLedger:
                 self._lost.extend(self._assigned.pop(aid).keys)
             results, self._results = self._results, []
             lost, self._lost = self._lost, []
+            self._forget(lost)
         table = pa.concat_tables(results) if results else RESULT_SCHEMA.empty_table()
         return Collected(table, lost)
 
@@ -115,6 +153,11 @@ class PushLedger:
     def queued(self) -> int:
         with self._lock:
             return sum(self._queued_rows.values())
+
+    def outstanding_bytes(self) -> int:
+        """Message bytes of the pushes queued or with a worker, not yet settled or given up on."""
+        with self._lock:
+            return self._bytes
 
     def drop_queued(self) -> int:
         """Forget everything not yet handed out (as lost); how many."""
@@ -195,6 +238,7 @@ class PushLedger:
         with self._lock:
             self._results.append(results)
             for aid, uid, mid in zip(aids, uids, mids):
+                self._forget([(uid, mid)])
                 asg = self._assigned.get(aid)
                 if asg is None:
                     continue

@@ -70,6 +70,8 @@ def execute(
     batch_txn: tuple[str, int] | None,
     records: Mapping[str, SubscriptionRecord] | None = None,
     lease_fanout_limit: int | None = None,
+    max_bytes: int | None = None,
+    oversize_ok: bool = False,
 ) -> PlanResult:
     """Build and commit the batch's single MERGE. `outcomes`: sub_uid -> (acks, nacks) tables
     of (message_id, delivery_attempt). `batch`: the stream's rows (topic_uid, message_id,
@@ -79,7 +81,10 @@ def execute(
     `records` (by sub_uid) gives the policy of a subscription with outcomes but no plan (one
     that stopped being a push subscription while its pushes were out), so its nacks still
     get its retry delay. A batch fanning out more than `lease_fanout_limit` rows in all
-    grants no leases (policy/lease_start.py: such a commit would eat them)."""
+    grants no leases (policy/lease_start.py: such a commit would eat them). `max_bytes`: the
+    batch's leases, all subscriptions together, add up to at most this many bytes of
+    messages (size_bytes), the subscriptions served in order; `oversize_ok`: the batch's
+    first lease may be larger (the push queue is empty: ``selection.select``)."""
     parts: list[pa.Table] = []
     txns: list[tuple[str, int]] = []
     result = PlanResult(leased_at=now)
@@ -93,6 +98,7 @@ def execute(
     fanning = sum(f.rows.num_rows for f in fans)
     leasing = lease_fanout_limit is None or fanning <= lease_fanout_limit
     result.held_leases = not leasing
+    bytes_left = max_bytes
     for plan, fan in zip(plans, fans):
         sub = plan.sub
         uid = sub.sub_uid
@@ -106,7 +112,10 @@ def execute(
         available, keys = read_candidates(  # empty, reading nothing, when room <= 0
             snap, uid, now, room, policy, plan.exclude, acked, ORDERED_READ_FACTOR
         )
-        chosen = select(uid, available, fan.rows, room, to_us(now + plan.lease_length), policy, keys)
+        chosen = select(uid, available, fan.rows, room, to_us(now + plan.lease_length), policy, keys,
+                        max_bytes=bytes_left, oversize_ok=oversize_ok and not result.leases)
+        if bytes_left is not None:
+            bytes_left = max(0, bytes_left - chosen.leased_bytes)
         chosen_parts = chosen.parts
         if chosen.given_up and plan.dead_letter is not None:  # marked in this MERGE; the job finishes the move after it
             chosen_parts, dl_txns, key = plan.dead_letter.mark(snap, chosen_parts, [])

@@ -363,23 +363,25 @@ class SubscriberClient(ClientBase):
         self._snapshots.delete(self._snapshot_name(required(f, "snapshot", "delete_snapshot")))
 
     # -- pull ------------------------------------------------------------------------
-    def _export_lease(self, subscription: str, max_messages: int) -> list[ReceivedMessage]:
-        """The Delta exporter's own lease path (the only one an export subscription allows)."""
+    def _export_lease(self, subscription: str, max_messages: int, max_bytes: int | None = None) -> list[ReceivedMessage]:
+        """The Delta exporter's own lease path (the only one an export subscription allows);
+        `max_bytes` bounds the leased messages' sizes (the first goes even when larger)."""
         rec = self._sub(subscription)
         if rec.detached:
             raise SubscriptionDetached(subscription)
-        return self._pull_record(rec, max_messages, rec.ack_deadline_seconds, export=True)
+        return self._pull_record(rec, max_messages, rec.ack_deadline_seconds, export=True, max_bytes=max_bytes)
 
     def _pull_received(self, subscription: str, max_messages: int, lease_seconds: float) -> list[ReceivedMessage]:
         return self._pull_record(self._sub(subscription), max_messages, lease_seconds)
 
     def _pull_record(self, rec: SubscriptionRecord, max_messages: int, lease_seconds: float,
-                     *, export: bool = False) -> list[ReceivedMessage]:
+                     *, export: bool = False, max_bytes: int | None = None) -> list[ReceivedMessage]:
         if rec.push_config.is_push:
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
         if rec.delta_config is not None and not export:
             raise FailedPrecondition(export_pull_refused(rec.name))
-        leases = delivery.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock)
+        leases = delivery.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock,
+                               max_bytes=max_bytes)
         self._used(rec)
         if not leases:
             return []
