@@ -140,6 +140,8 @@ def test_a_master_without_a_slot_to_spare_is_refused_with_the_rule(early_backgro
         (["--trigger-interval", "0"], "--trigger-interval"),
         (["--drain-seconds", "-1"], "--drain-seconds"),
         (["--jwks-port", "70000"], "--jwks-port"),
+        (["--max-queued-bytes", "0"], "--max-queued-bytes"),
+        (["--max-queued-bytes", "lots"], "--max-queued-bytes"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it_and_exit_2(args, flag, tmp_path):
