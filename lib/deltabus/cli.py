@@ -564,7 +564,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> None:
 
     settings = ServeSettings(
         warehouse=args.warehouse, port=args.port, host=args.host, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        insecure=args.insecure, allow_http=_allow_http(args),
+        insecure=args.insecure, allow_http=_allow_http(args), history=not args.no_history,
     )
 
     def announce(line: str) -> None:
@@ -848,6 +848,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--tls-key", metavar="FILE", help="PEM private key (with --tls-cert)")
     sv.add_argument("--insecure", action="store_true", help="allow plain text on a non-loopback --host")
     sv.add_argument("--allow-http", action="store_true", help="allow push subscriptions with plain http endpoints (localhost, tests)")
+    sv.add_argument("--no-history", action="store_true",
+                    help="do not record the delivery history (leases, acks, nacks, expiries) of the calls it serves")
     sv.set_defaults(func=cmd_serve)
 
     b = command(cmds, "backlog", "each subscription's backlog as a table (and rewrite the backlog table)")

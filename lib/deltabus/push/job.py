@@ -67,6 +67,7 @@ from .commit_pacer import CommitPacer
 from .exporter import DeltaExporter, ExportReport, export_budget, export_subscriptions
 from .ledger import Collected
 from .micro_batch import BatchRows, already_committed, app_id_for, batch_rows, checkpoint_for
+from ..delivery.history import HistorySettings
 from .outcome_ledger import HeldOutcomes, OutcomeLedger
 from .pool import PushPool
 from .request_builder import RequestBuilder
@@ -168,6 +169,7 @@ class DeliveryJob:
         self.until_idle = until_idle
         self._drain_limits: tuple[float | None, threading.Event | None] = (None, None)
         self.summary = RunSummary()
+        self.history = HistorySettings(enabled=settings.delivery_history)
         subs = {s.name: s.sub_uid for s in self.registry.subscriptions().values()}
         self.book.restore(self.engine.snapshot(BACKLOG.name).read().to_pylist(), subs)
 
@@ -310,6 +312,7 @@ class DeliveryJob:
             # Never twice in a row: under a publish rate that fans out more than the limit in
             # every batch, the job would otherwise lease nothing for as long as it lasts.
             lease_fanout_limit=None if self._held_leases else FANOUT_LIMIT,
+            history=self.history,
         )
 
     def _export(self, exports: Mapping[str, SubscriptionRecord], budget: int) -> tuple[int, int]:
