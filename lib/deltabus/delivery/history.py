@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InvalidArgument
-from ..storage.tables import HISTORY_PREFIX
+from ..storage import Snapshot
+from ..storage.tables import DELIVERIES, HISTORY_PREFIX
 from ..timestamps import TS
 from .merge import NACKED_MAX_US, SOURCE_SCHEMA
 from .model import Op
@@ -252,3 +253,33 @@ def for_push(
     latency = pc.multiply(outcomes["latency_seconds"].cast(pa.float64()), 1000.0)
     return rows(settings, subscription, outcomes["message_id"], outcomes["delivery_attempt"], final, now_us,
                 status=final_status, latency_ms=latency)
+
+
+# What ``read`` returns: the delivery_attempts view's columns (``spark/sql.py``), but `date`.
+READ_COLUMNS = {
+    "attempt_subscription": "subscription", "message_id": "message_id", "delivery_attempt": "attempt",
+    "attempt_outcome": "outcome", "attempt_status": "status", "attempt_latency_ms": "latency_ms",
+    "attempt_worker": "worker", "attempt_time": "time",
+}
+
+
+def partitions(snap: Snapshot) -> list[str]:
+    """The history's day partitions in a deliveries snapshot (from the log; no read), oldest first."""
+    stats = snap.file_stats()
+    column = f"partition.{DELIVERIES.partition_column}"
+    if stats.num_rows == 0 or column not in stats.column_names:
+        return []
+    return sorted({u for u in stats[column].to_pylist() if is_history_partition(u)})
+
+
+def read(snap: Snapshot, subscription: str | None = None) -> pa.Table:
+    """The history rows of a deliveries snapshot, with the delivery_attempts view's column
+    names (subscription, message_id, attempt, outcome, status, latency_ms, worker, time),
+    ordered by time; only `subscription`'s when given. Reads only the history partitions."""
+    flt = pc.field("attempt_subscription") == subscription if subscription is not None else None
+    got = [snap.read(list(READ_COLUMNS), partition=p, filter=flt) for p in partitions(snap)]
+    if not got:
+        return pa.schema([pa.field(v, DELIVERIES.schema.field(k).type) for k, v in READ_COLUMNS.items()]).empty_table()
+    table = pa.concat_tables(got, promote_options="permissive")
+    table = pa.table({v: table[k].cast(DELIVERIES.schema.field(k).type) for k, v in READ_COLUMNS.items()})
+    return table.sort_by([("time", "ascending"), ("message_id", "ascending")])
