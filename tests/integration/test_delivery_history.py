@@ -146,3 +146,80 @@ def test_two_subscriptions_recording_history_concurrently_never_conflict(warehou
     for engine, name in zip(engines, names):
         got = Counter(o for _, _, o, _ in rows_of(engine, name))
         assert got == {"lease": 400, "ack": 400}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.spark
+def test_push_history_matches_what_the_endpoints_answered(spark, pub, psub, topic, warehouse) -> None:
+    """A healthy, a flaky (every other answer of its first 7 is 503) and a dead (connection refused) endpoint: the
+    history holds exactly the pushes they answered, every acked message has exactly one push_ok
+    row, and every ended attempt was leased first."""
+    from deltabus.push import runner
+    from tests.endpoints import Behaviour, Endpoint
+    from tests.integration.test_push import settings
+
+    dead_topic = pub.topic_path("local", "to-a-dead-endpoint")
+    pub.create_topic(name=dead_topic)
+    flaky_answers = Behaviour(lambda r, n: (503 if n % 2 and n < 8 else 204, 0.0))
+    with Endpoint() as healthy, Endpoint(flaky_answers) as flaky:
+        subs = {}
+        for name, url, on in (
+            ("hist-healthy", healthy.url, topic),
+            ("hist-flaky", flaky.url, topic),
+            ("hist-dead", f"http://127.0.0.1:{free_port()}/push", dead_topic),
+        ):
+            subs[name] = psub.subscription_path("local", name)
+            psub.create_subscription(name=subs[name], topic=on, push_config={"push_endpoint": url})
+        published = pub.publish_batch(topic, [{"data": b"%d" % i} for i in range(12)])
+        pub.publish_batch(dead_topic, [{"data": b"%d" % i} for i in range(5)])
+        stop = threading.Event()
+        job = threading.Thread(target=runner.run, args=(spark, settings(warehouse)), kwargs={"stop": stop, "max_seconds": 60})
+        job.start()
+        try:
+            deadline = time.monotonic() + 45
+            while time.monotonic() < deadline and any(
+                psub.get_backlog(subs[n]).num_unacked_messages for n in ("hist-healthy", "hist-flaky")
+            ):
+                time.sleep(0.3)
+        finally:
+            stop.set()
+            job.join()
+        engine = psub._engine
+
+        def outcomes(name):
+            t = history.read(engine.snapshot("deliveries"), subs[name])
+            return list(zip(t["message_id"].to_pylist(), t["attempt"].to_pylist(), t["outcome"].to_pylist(), t["status"].to_pylist(),
+                            t["latency_ms"].to_pylist()))
+
+        def state(name):  # the subscription's delivery rows: its unacked messages
+            return set(engine.snapshot("deliveries").read(["message_id"], partition=psub._sub(subs[name]).sub_uid)["message_id"].to_pylist())
+
+        ok = [r for r in outcomes("hist-healthy") if r[2] == "push_ok"]
+        assert sorted(m for m, *_ in ok) == sorted(published)  # one push_ok per message, no more
+        assert {r[3] for r in ok} == {"http 204"} and all(r[4] is not None and r[4] >= 0 for r in ok)
+        assert Counter(r[2] for r in outcomes("hist-healthy")) == {"lease": 12, "push_ok": 12}
+
+        got = outcomes("hist-flaky")
+        answers = Counter(503 if n % 2 and n < 8 else 204 for n in range(1, len(flaky.snapshot()) + 1))
+        assert Counter(r[3] for r in got if r[2] in ("push_ok", "push_failed")) == {f"http {s}": c for s, c in answers.items()}
+        assert sorted(m for m, _, o, *_ in got if o == "push_ok") == sorted(published) and state("hist-flaky") == set()
+        for name in subs:
+            rows = outcomes(name)
+            leased = Counter((m, a) for m, a, o, *_ in rows if o == "lease")
+            ended = Counter((m, a) for m, a, o, *_ in rows if o in ("push_ok", "push_failed", "expired"))
+            assert set(leased.values()) <= {1} and set(ended.values()) <= {1}  # one lease and one end per attempt
+            assert set(ended) <= set(leased)  # every attempt that ended was leased first
+            # State and history agree: a message left its partition exactly when it got a push_ok.
+            seen = {m for m, *_ in rows}
+            assert state(name) & seen == seen - {m for m, _, o, *_ in rows if o == "push_ok"}
+
+        dead = outcomes("hist-dead")
+        assert {o for _, _, o, *_ in dead} <= {"lease", "push_failed", "expired"} and any(o == "push_failed" for _, _, o, *_ in dead)
+        assert {s for _, _, o, s, _ in dead if o == "push_failed"} == {"connection refused"}

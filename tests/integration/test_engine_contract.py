@@ -22,7 +22,7 @@ from deltabus.storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, ope
 from deltabus.storage.arrow import read_table
 from deltabus.storage.clock import StorageClock
 from deltabus.storage.tables import ALL, DELIVERIES, TS
-from tests.conftest import requires_delta
+from tests.conftest import delivery_state, requires_delta
 
 # In the suite, its tests run in a pytest process of their own beside the session's others
 # (tests/background.py); in the cluster group (its delta-spark half) they run in place.
@@ -80,6 +80,7 @@ def rows(sub_uid: str, ids: list[str], attempt: int = 0) -> pa.Table:
             "delivery_attempt": pa.array([attempt] * n, pa.int32()),
             "lease_expires": pa.nulls(n, TS),
             "dead_letter_key": pa.nulls(n, pa.int64()),  # deliveries schema version 2 (issue 13)
+            **{f.name: pa.nulls(n, f.type) for f in DELIVERIES.layers[2]},  # version 3: the delivery history (issue 17)
         },
         schema=DELIVERIES.schema,
     )
@@ -231,7 +232,7 @@ def test_pull_and_ack_through_the_clients_on_this_engine(engine, warehouse):
     sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in got])
     assert sub.pull(subscription=name, max_messages=100, return_immediately=True).received_messages == []
     # What this engine wrote, the other reader reads.
-    assert read_table(engine.table_uri("deliveries")).num_rows == 0
+    assert delivery_state(read_table(engine.table_uri("deliveries"))).num_rows == 0
     assert read_table(engine.table_uri("messages")).num_rows == len(got)
     pub.stop()
     sub.close()

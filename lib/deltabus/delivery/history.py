@@ -276,7 +276,7 @@ def read(snap: Snapshot, subscription: str | None = None) -> pa.Table:
     """The history rows of a deliveries snapshot, with the delivery_attempts view's column
     names (subscription, message_id, attempt, outcome, status, latency_ms, worker, time),
     ordered by time; only `subscription`'s when given. Reads only the history partitions."""
-    flt = pc.field("attempt_subscription") == subscription if subscription is not None else None
+    flt = pc.field("attempt_subscription").cast(pa.string()) == subscription if subscription is not None else None
     got = [snap.read(list(READ_COLUMNS), partition=p, filter=flt) for p in partitions(snap)]
     if not got:
         return pa.schema([pa.field(v, DELIVERIES.schema.field(k).type) for k, v in READ_COLUMNS.items()]).empty_table()
