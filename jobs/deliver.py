@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jwks-host", default="127.0.0.1", help="address the JWKS server listens on (default 127.0.0.1)")
     p.add_argument("--allow-http", action="store_true", default=None, help="allow plain http:// endpoints (localhost, tests)")
     p.add_argument("--checkpoint-dir", help="structured-streaming checkpoints (default: <warehouse>/_checkpoints)")
+    p.add_argument("--no-history", dest="delivery_history", action="store_false", default=None,
+                   help="do not record the delivery history (default: from conf, recorded)")
     p.add_argument("--engine", choices=["auto", "delta-rs", "delta-spark"],
                    help="storage engine (default: from conf, auto = delta-spark when Spark has the Delta jars)")
     p.add_argument("--conf", help="deltabus settings file (default: conf/deltabus.conf or $DELTABUS_CONF)")
@@ -68,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-FLAGS = ("warehouse", "trigger_interval", "allow_http", "checkpoint_dir", "engine")
+FLAGS = ("warehouse", "trigger_interval", "allow_http", "checkpoint_dir", "engine", "delivery_history")
 
 
 def main(argv: list[str] | None = None) -> int:
