@@ -9,7 +9,10 @@ push job (``push.runner.run``, until idle) with ``Settings.delivery_history`` on
 alternating on, off, on, off... so drift on this shared machine hits both alike. Throughput is
 N / (the endpoint's first request -> the job idle: every ack merged). Pull + ack: the
 subscriber client's pull (100 at a time) and acknowledge, history on and off, alternating.
-Writes bench/results/<date>-history.json (UTC date) and prints a Markdown table.
+Each run also records CPU seconds per message (this process and its descendants: the JVM,
+Spark's Python workers, the endpoint; psutil, installed with the test extras), steadier than wall
+time on a shared machine. Writes
+bench/results/<date>-history.json (UTC date) and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -31,6 +34,23 @@ sys.path.insert(0, str(ROOT))
 from bench.endpoint import BenchEndpoint  # noqa: E402
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its live descendants (Spark's JVM, its
+    Python workers, the endpoint's process): less disturbed than wall time by other load on
+    a shared machine."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def push_run(spark, warehouse: str, endpoint: BenchEndpoint, n: int, history: bool, tag: str) -> dict:
     from deltabus import PublisherClient, SubscriberClient, config
     from deltabus.delivery import history as hist
@@ -46,10 +66,12 @@ def push_run(spark, warehouse: str, endpoint: BenchEndpoint, n: int, history: bo
     for start in range(0, n, 5000):
         pub.publish_batch(topic, [{"data": b"x" * 100} for _ in range(start, min(n, start + 5000))])
     endpoint.reset()
+    cpu0 = cpu_seconds()
     settings = config.Settings(warehouse=warehouse, allow_http=True, trigger_interval=0.2, backlog_interval=1.0,
                                engine="delta-rs", delivery_history=history)
     summary = runner.run(spark, settings, until_idle=True, max_seconds=600)
     done = time.time()
+    cpu = cpu_seconds() - cpu0
     stats = endpoint.stats()
     seconds = done - stats["first"]
     rows = hist.read(open_engine(warehouse, engine="delta-rs").snapshot("deliveries"), name).num_rows
@@ -57,7 +79,7 @@ def push_run(spark, warehouse: str, endpoint: BenchEndpoint, n: int, history: bo
     sub.close()
     assert summary.acked >= n, summary
     return {"history": history, "messages": n, "seconds": round(seconds, 3), "msg_per_s": round(n / seconds, 1),
-            "history_rows": rows, "pushes": stats["count"]}
+            "cpu_ms_per_msg": round(1000.0 * cpu / n, 4), "history_rows": rows, "pushes": stats["count"]}
 
 
 def pull_run(warehouse: str, n: int, history: bool, tag: str) -> dict:
@@ -71,6 +93,7 @@ def pull_run(warehouse: str, n: int, history: bool, tag: str) -> dict:
     sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=60)
     pub.publish_batch(topic, [{"data": b"x" * 100} for _ in range(n)])
     got = 0
+    cpu0 = time.process_time()
     began = time.perf_counter()
     while got < n:
         resp = sub.pull(subscription=name, max_messages=100, return_immediately=True)
@@ -79,17 +102,23 @@ def pull_run(warehouse: str, n: int, history: bool, tag: str) -> dict:
         sub.acknowledge(subscription=name, ack_ids=[r.ack_id for r in resp.received_messages])
         got += len(resp.received_messages)
     seconds = time.perf_counter() - began
+    cpu = time.process_time() - cpu0
     pub.stop()
     sub.close()
-    return {"history": history, "messages": n, "seconds": round(seconds, 3), "msg_per_s": round(n / seconds, 1)}
+    return {"history": history, "messages": n, "seconds": round(seconds, 3), "msg_per_s": round(n / seconds, 1),
+            "cpu_ms_per_msg": round(1000.0 * cpu / n, 4)}
 
 
 def cost(runs: list[dict]) -> dict:
     on = [r["msg_per_s"] for r in runs if r["history"]]
     off = [r["msg_per_s"] for r in runs if not r["history"]]
     mean_on, mean_off = statistics.mean(on), statistics.mean(off)
+    cpu_on = statistics.mean(r["cpu_ms_per_msg"] for r in runs if r["history"])
+    cpu_off = statistics.mean(r["cpu_ms_per_msg"] for r in runs if not r["history"])
     return {"on_msg_per_s": round(mean_on, 1), "off_msg_per_s": round(mean_off, 1),
-            "cost_pct": round(100.0 * (mean_off - mean_on) / mean_off, 1)}
+            "cost_pct": round(100.0 * (mean_off - mean_on) / mean_off, 1),
+            "on_cpu_ms_per_msg": round(cpu_on, 4), "off_cpu_ms_per_msg": round(cpu_off, 4),
+            "cpu_cost_pct": round(100.0 * (cpu_on - cpu_off) / cpu_off, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,11 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}-history.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print("| path | history on (msg/s) | history off (msg/s) | cost |")
-    print("| --- | ---: | ---: | ---: |")
+    import psutil
+
+    result["machine"]["load_average"] = [round(v, 2) for v in psutil.getloadavg()]
+    print("| path | history on (msg/s) | history off (msg/s) | throughput cost | CPU on (ms/msg) | CPU off (ms/msg) | CPU cost |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label, key in (("push", "push"), ("pull + ack", "pull_ack")):
         r = result[key]
-        print(f"| {label} | {r['on_msg_per_s']:,} | {r['off_msg_per_s']:,} | {r['cost_pct']} % |")
+        print(f"| {label} | {r['on_msg_per_s']:,} | {r['off_msg_per_s']:,} | {r['cost_pct']} % | {r['on_cpu_ms_per_msg']} "
+              f"| {r['off_cpu_ms_per_msg']} | {r['cpu_cost_pct']} % |")
     print(f"wrote {out}")
     return 0
 
