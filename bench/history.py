@@ -9,6 +9,8 @@ push job (``push.runner.run``, until idle) with ``Settings.delivery_history`` on
 alternating on, off, on, off... so drift on this shared machine hits both alike. Throughput is
 N / (the endpoint's first request -> the job idle: every ack merged). Pull + ack: the
 subscriber client's pull (100 at a time) and acknowledge, history on and off, alternating.
+Push commit path: ``push.plan.execute`` alone in this process, acks and the next leases in
+one MERGE per round, as the job's batches (the driver's share, where the history's cost lands).
 Each run also records CPU seconds per message (this process and its descendants: the JVM,
 Spark's Python workers, the endpoint; psutil, installed with the test extras), steadier than wall
 time on a shared machine. Writes
@@ -109,6 +111,59 @@ def pull_run(warehouse: str, n: int, history: bool, tag: str) -> dict:
             "cpu_ms_per_msg": round(1000.0 * cpu / n, 4)}
 
 
+def commit_path_run(scratch: str, n: int, history: bool, room: int = 2000) -> dict:
+    """The push job's commit path alone, in this process (no Spark, no HTTP): ``push.plan.execute``
+    committing each round's acks (with their push detail) and the next `room` leases in one MERGE,
+    as the job's batches do, until `n` messages are acked. Its CPU is where the history's cost
+    lands (building, deciding on the snapshot and writing the rows); measured alone it is not
+    drowned by the endpoint's and Spark's share, nor by other load on the machine."""
+    import pyarrow as pa
+
+    from deltabus import PublisherClient, SubscriberClient
+    from deltabus.delivery.history import HistorySettings
+    from deltabus.push import plan
+    from deltabus.registry import Registry
+    from deltabus.storage import open_engine
+
+    warehouse = tempfile.mkdtemp(prefix="commit-path-", dir=scratch)
+    pub = PublisherClient(warehouse=warehouse)
+    topic = pub.topic_path("bench", "commit-path")
+    pub.create_topic(name=topic)
+    with SubscriberClient(warehouse=warehouse, allow_http=True) as sub:
+        name = sub.subscription_path("bench", "commit-path")
+        sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": "http://127.0.0.1:9/push"})
+    for start in range(0, n, 5000):
+        pub.publish_batch(topic, [{"data": b"x" * 100} for _ in range(start, min(n, start + 5000))])
+    pub.stop()
+    engine = open_engine(warehouse, engine="delta-rs")
+    rec = Registry(engine, clock=time.time).subscription(name)
+    settings = HistorySettings(enabled=history)
+    empty = pa.table({"topic_uid": pa.array([], pa.string())})
+    leased: list[tuple[str, int]] = []
+    acked = 0
+    cpu0, began = time.process_time(), time.perf_counter()
+    while True:
+        outcomes = {}
+        if leased:
+            k = len(leased)
+            acks = pa.table({
+                "message_id": [m for m, _ in leased], "delivery_attempt": pa.array([a for _, a in leased], pa.int32()),
+                "outcome": ["ack"] * k, "status": pa.array([204] * k, pa.int32()), "error": [""] * k, "latency_seconds": [0.003] * k,
+            })
+            outcomes[rec.sub_uid] = (acks, acks.slice(0, 0))
+            acked += k
+        elif acked >= n:
+            break
+        v = engine.version("messages")
+        result = engine.transact("deliveries", lambda snap: plan.execute(
+            engine, snap, [plan.SubPlan(rec, room)], outcomes, empty, v, v, now=time.time(), batch_txn=None, history=settings),
+            what="commit path")
+        leased = result.leases.get(rec.sub_uid, [])
+    cpu, seconds = time.process_time() - cpu0, time.perf_counter() - began
+    return {"history": history, "messages": n, "seconds": round(seconds, 3), "msg_per_s": round(n / seconds, 1),
+            "cpu_ms_per_msg": round(1000.0 * cpu / n, 4)}
+
+
 def cost(runs: list[dict]) -> dict:
     on = [r["msg_per_s"] for r in runs if r["history"]]
     off = [r["msg_per_s"] for r in runs if not r["history"]]
@@ -153,12 +208,19 @@ def main(argv: list[str] | None = None) -> int:
                 r = pull_run(warehouse, args.pull_messages, on, f"{i}-{'on' if on else 'off'}")
                 print(json.dumps(r), flush=True)
                 pull.append(r)
+        commits = []
+        for i in range(args.rounds + 1):
+            for on in (True, False):
+                r = commit_path_run(scratch, args.messages, on)
+                print(json.dumps(r), flush=True)
+                commits.append(r)
     spark.stop()
     result = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count()},
         "push": {"runs": push, **cost(push)},
         "pull_ack": {"runs": pull, **cost(pull)},
+        "push_commit_path": {"runs": commits, **cost(commits)},
     }
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}-history.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -167,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"]["load_average"] = [round(v, 2) for v in psutil.getloadavg()]
     print("| path | history on (msg/s) | history off (msg/s) | throughput cost | CPU on (ms/msg) | CPU off (ms/msg) | CPU cost |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label, key in (("push", "push"), ("pull + ack", "pull_ack")):
+    for label, key in (("push", "push"), ("pull + ack", "pull_ack"), ("push commit path (driver)", "push_commit_path")):
         r = result[key]
         print(f"| {label} | {r['on_msg_per_s']:,} | {r['off_msg_per_s']:,} | {r['cost_pct']} % | {r['on_cpu_ms_per_msg']} "
               f"| {r['off_cpu_ms_per_msg']} | {r['cpu_cost_pct']} % |")
