@@ -18,6 +18,13 @@ change without its history rows, or history rows of a change that did not commit
 exist. Expiry is observed when a lease that ran out is leased again or dead-lettered: it
 is recorded then, timed at the old deadline. Deadline extensions are not recorded.
 
+On delta-spark one window remains: its MERGE reads the table again after the snapshot check,
+and a commit landing in between can make some decided rows not apply. ``merge.commit``'s
+``exact`` check then reruns the decision (the results stay true), but the history rows of the
+first MERGE have committed with it: such a race records an outcome that did not apply, and
+the rerun records it again (as stale). delta-rs merges exactly its snapshot, so there the
+history and the state cannot disagree.
+
 Everything here is pure: building rows reads nothing.
 """
 
