@@ -606,12 +606,12 @@ def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
 
     if args.retention_hours < 0:
         raise InvalidArgument("--retention-hours", f"must be >= 0, got {args.retention_hours}")
+    if args.history_retention_days < 0:  # checked before anything is deleted
+        raise InvalidArgument("--history-retention-days", f"must be >= 0, got {args.history_retention_days}")
     engine = open_engine(args.warehouse, engine="delta-rs", create=False)  # maintenance is delta-rs's
     # Expiration policies first: an expired subscription's cursor then no longer holds history.
     for rec in Registry(engine, clock=time.time).delete_expired(time.time()):
         print(f"deleted expired subscription {rec.name} (unused for over {_days(rec.expiration_policy.ttl)})", file=out)
-    if args.history_retention_days < 0:
-        raise InvalidArgument("--history-retention-days", f"must be >= 0, got {args.history_retention_days}")
     done = retention.apply_retention(engine, clock=time.time, history_retention_days=args.history_retention_days)
     print(
         f"retention: {done['unacked_dropped']} unacked messages past their subscription's retention dropped, "
