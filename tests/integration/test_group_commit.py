@@ -241,6 +241,49 @@ def test_a_split_round_answers_its_leases_before_its_acks_commit(pub, sub, topic
     asyncio.run(scenario())
 
 
+def test_a_lease_ask_runs_beside_a_round_of_outcomes_alone(pub, sub, topic, subscription, warehouse) -> None:
+    """The lease lane: a stream's lease ask made while the subscription's round holds only
+    outcomes is answered by a round of its own beside it, not after it. The ack round is
+    held on its worker thread (its record lookup waits) until the lease is answered: with
+    the lease waiting for it instead, this test would time out."""
+    import threading
+    import time
+
+    pub.publish_batch(topic, [{"data": b"a"}])
+    engine = open_engine(warehouse, engine="delta-rs")
+    rec = Registry(engine, clock=time.time).subscription(subscription)
+    held = threading.Event()
+    lookups: list[str] = []
+
+    def lookup(name: str):
+        lookups.append(name)
+        if len(lookups) == 2:  # the ack's round
+            assert held.wait(30)
+        return rec
+
+    async def scenario() -> None:
+        commits = GroupCommits(engine, lookup, time.time)
+        (x,) = _ids(await commits.lease(subscription, 5, 60.0))
+        fresh = pub.publish_batch(topic, [{"data": b"b"}, {"data": b"c"}])
+        ack = asyncio.ensure_future(commits.acknowledge(subscription, [x]))
+        while commits.rounds == 1:  # the ack's round is taken (and held in its lookup)
+            await asyncio.sleep(0.001)
+        got = await asyncio.wait_for(commits.lease(subscription, 5, 60.0), 20)
+        assert [m.message.message_id for m in got.messages] == fresh
+        assert not ack.done() and commits.side_rounds == 1
+        held.set()
+        await asyncio.wait_for(ack, 20)
+        more = await commits.lease(subscription, 5, 60.0)  # the lane ended: the drain leases again
+        assert more.messages == [] and commits.side_rounds == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        held.set()
+    rows = engine.snapshot("deliveries").read(["message_id"], partition=rec.sub_uid)
+    assert len(rows) == 2  # x acked; b and c leased
+
+
 def test_a_kill_between_the_leases_append_and_the_acks_merge_loses_nothing(pub, sub, topic, subscription, warehouse, clock) -> None:
     """SIGKILL after a split round handed out its new messages' leases and before its ack
     committed: the ack was never answered (the client sends it again), and once the leases

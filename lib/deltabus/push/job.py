@@ -61,6 +61,8 @@ from ..storage import Engine, Snapshot, open_engine
 from ..storage.clock import StorageClock, deadline, local_deadline, resolve_clock, wall
 from ..storage.tables import BACKLOG, DELIVERIES
 from . import plan
+from ..spark import idle_hint
+from ..policy.idle_wake import WATCHED, IdleHint
 from .auth import TokenSource
 from .backlog_refresher import BacklogRefresher
 from .commit_pacer import CommitPacer
@@ -78,6 +80,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("deltabus.deliver")
+
+# Seconds an idle job's stream may go without a batch when nothing it watches moves
+# (``policy.idle_wake``): what is due by time alone (backlog figures, expiration policies)
+# waits at most this long.
+IDLE_RECHECK = 10.0
 
 
 @dataclass(slots=True)
@@ -162,6 +169,12 @@ class DeliveryJob:
         self._pool: PushPool | None = None  # started with the first pushes
         self._exporter: DeltaExporter | None = None  # made with the first export subscription
         self.checkpoint = checkpoint_for(settings.checkpoint_path, self.engine.name)
+        # The idle hint (policy.idle_wake), for the delta-rs stream source only; a hint left by
+        # an earlier run is cleared: this run's first batches judge idleness afresh.
+        self.idle_hint = idle_hint.hint_path(self.checkpoint) if self.engine.name == "delta-rs" else None
+        self._hinted = False
+        if self.idle_hint is not None:
+            idle_hint.clear(self.idle_hint)
         self.app_id = app_id_for(self.checkpoint)  # until bind_query names the streaming query
         self._query_bound: threading.Event | None = None  # set by expect_query: batches wait for bind_query
         self.idle = False
@@ -269,7 +282,22 @@ class DeliveryJob:
         self.backlog.refresh({**subs, **exports}, self.book, force=batch_id is None or (quiet and self.until_idle))
         report.backlog = self.backlog.total
         self.idle = quiet and self.backlog.nothing_left
+        if batch_id is not None:
+            self._hint(self.idle)
         return self._finish(report, started)
+
+    def _hint(self, idle: bool) -> None:
+        """Leave the idle hint after an idle batch (the watched tables' versions now), and
+        clear it after any other (``policy.idle_wake``)."""
+        if self.idle_hint is None:
+            return
+        if idle:
+            versions = {t: self.engine.version(t) for t in WATCHED}
+            idle_hint.write(self.idle_hint, IdleHint(versions, wall(self._clock)(), IDLE_RECHECK))
+            self._hinted = True
+        elif self._hinted:
+            idle_hint.clear(self.idle_hint)
+            self._hinted = False
 
     def _finish(self, report: BatchReport, started: float) -> BatchReport:
         report.seconds = time.monotonic() - started

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..config import Settings
 from ..errors import FailedPrecondition, InvalidArgument
+from ..policy.idle_wake import WATCHED
 from ..spark.source import message_stream, register
 from ..storage import Engine
 from . import checkpoint_damage
@@ -155,7 +156,8 @@ def run(
     def start_query() -> Any:  # a StreamingQuery (its stub types awaitTermination's timeout as int)
         job.expect_query()
         started_query = (
-            message_stream(spark, job.engine.name, job.engine.table_uri("messages"), settings.trigger_interval)
+            message_stream(spark, job.engine.name, job.engine.table_uri("messages"), settings.trigger_interval,
+                           idle_hint=job.idle_hint, watch={t: job.engine.table_uri(t) for t in WATCHED})
             .writeStream.queryName("deltabus-deliver")
             .foreachBatch(job.on_batch)
             .option("checkpointLocation", job.checkpoint)

@@ -24,6 +24,11 @@ Contract.
   whatever its size) before it was sent; as an append of its own (~3-7 ms) it is sent at
   once and the acks' MERGE follows. Ids with an outcome are never among new messages (they
   were delivered before), so the two commits decide nothing of each other.
+- **The lease lane.** While a round runs with no lease work left (outcomes only, or a
+  split round whose leases were answered), lease asks do not wait for it: one round of
+  them alone runs beside it (``GroupCommits._lease_lane``), as a second writer of the
+  partition would, and Delta's conflict check decides between the two (a lease of new
+  messages is an append of rows the outcomes never touch).
 - **Deferred deadline changes** (a stream's receipt modacks, answered before they commit)
   start no round: they ride in the next round that has other outcomes (not in one of
   lease asks alone: ``_take``), or start one after DEFER_SECONDS.
@@ -514,6 +519,12 @@ class GroupCommits:
         self._max_leases = max_leases
         self._queues: dict[str, list[_Pending]] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
+        # The lease lane (``_side``): a round of lease asks alone, run beside the drain's round
+        # while that one runs with no lease work left (``_outcomes_only`` names those
+        # subscriptions: the round has no lease ask, or answered them already). See _start.
+        self._side: dict[str, asyncio.Task[None]] = {}
+        self._outcomes_only: set[str] = set()
+        self.side_rounds = 0  # rounds run in the lease lane (counted in `rounds` too)
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._listeners: list[Listener] = []
         self.rounds = 0  # rounds run (a test compares them with the calls)
@@ -589,13 +600,21 @@ class GroupCommits:
 
     def _start(self, subscription: str, *, deferred_too: bool = False) -> None:
         """Start the subscription's drain unless one runs: at once when a call that is not
-        deferred waits (or `deferred_too`), else after DEFER_SECONDS."""
-        if subscription in self._running:
-            return
+        deferred waits (or `deferred_too`), else after DEFER_SECONDS. While the drain's round
+        has no lease work left (an outcomes-only round, or a split round past its leases'
+        append), queued lease asks start the lease lane instead (``_lease_lane``)."""
         queue = self._queues.get(subscription)
         if not queue:
             return
         loop = asyncio.get_running_loop()
+        if subscription in self._running:
+            if (subscription in self._outcomes_only and subscription not in self._side
+                    and any(isinstance(p.ask, LeaseAsk) and not p.future.cancelled() for p in queue)):
+                self._side[subscription] = loop.create_task(self._lease_lane(subscription))
+            return
+        queue = self._for_drain(subscription)
+        if not queue:
+            return  # lease asks only, while the lane runs: it starts what is left when it ends
         if deferred_too or any(p.until is None for p in queue):
             timer = self._timers.pop(subscription, None)
             if timer is not None:
@@ -614,29 +633,85 @@ class GroupCommits:
             await asyncio.sleep(0)
         try:
             first = True
-            while self._queues.get(subscription):
-                if not first and all(p.until is not None for p in self._queues[subscription]):
+            while queue := self._for_drain(subscription):
+                if not first and all(p.until is not None for p in queue):
                     break  # only deferred changes: they wait for the next round (_start arms the timer)
                 first = False
                 await self._linger(subscription)
-                batch = self._take(subscription)
+                batch = self._take(subscription, leases=subscription not in self._side)
                 batch = [p for p in batch if not p.future.cancelled()] or []
                 if not batch:
                     continue
                 self.rounds += 1
+                if not any(isinstance(p.ask, LeaseAsk) for p in batch):
+                    self._outcomes_only.add(subscription)
 
                 def early(found: dict[int, Answer], batch: list[_Pending] = batch) -> None:
-                    loop.call_soon_threadsafe(settle, [batch[i] for i in found], list(found.values()))
+                    loop.call_soon_threadsafe(self._early, subscription, [batch[i] for i in found], list(found.values()))
 
                 try:
                     answers = await run_off_loop(self._executor, self._round, subscription, self._asks(batch), early)
                 except Exception as exc:  # every call of the round gets the round's error
                     fail_all(batch, exc)
                     continue
+                finally:
+                    self._outcomes_only.discard(subscription)
                 settle(batch, answers)  # a FailedPrecondition answer (a push subscription) fails its caller alone
         finally:
             self._running.pop(subscription, None)
+            self._outcomes_only.discard(subscription)
             self._start(subscription)  # raced in after the loop test, or deferred changes left
+
+    def _for_drain(self, subscription: str) -> list[_Pending]:
+        """The queued calls the drain may take: all, or all but the lease asks while the
+        lease lane runs (they wait for it to end, then start a round of their own)."""
+        queue = self._queues.get(subscription) or []
+        if subscription in self._side:
+            return [p for p in queue if not isinstance(p.ask, LeaseAsk)]
+        return queue
+
+    def _early(self, subscription: str, batch: list[_Pending], answers: list[Answer]) -> None:
+        """A split round's leases committed (its outcomes' MERGE runs on): answer their
+        callers, and let lease asks queued meanwhile run in the lease lane."""
+        settle(batch, answers)
+        if subscription in self._running:
+            self._outcomes_only.add(subscription)  # (cleared when the round ends)
+        self._start(subscription)
+
+    async def _lease_lane(self, subscription: str) -> None:
+        """One round of the queued lease asks alone, beside the drain's round (which has no
+        lease work left: ``_start``). Why (measured, bench/server.py's latency phase, one
+        subscribe() client at 500 msg/s): a stream woken by new messages waited for the
+        acks' MERGE of the round running (p50 44 ms, p99 126 ms) before its lease round
+        began. The two rounds run as two writers of the partition would: the lane's leases
+        of new messages are an append of rows absent from the drain round's snapshot, which
+        the drain round's acks, nacks and deadline changes (of messages delivered before)
+        never touch; a lease taken again is a MERGE, and a MERGE on the rows another writer
+        changed meanwhile fails Delta's conflict check and reruns on a fresh snapshot."""
+        batch: list[_Pending] = []
+        try:
+            for _ in range(JOIN_YIELDS):  # the other streams woken by the same commit queue their asks
+                await asyncio.sleep(0)
+            queue = self._queues.get(subscription) or []
+            batch = [p for p in queue if isinstance(p.ask, LeaseAsk) and not p.future.cancelled()]
+            rest = [p for p in queue if not isinstance(p.ask, LeaseAsk)]
+            if rest:
+                self._queues[subscription] = rest
+            else:
+                self._queues.pop(subscription, None)
+            if not batch:
+                return
+            self.rounds += 1
+            self.side_rounds += 1
+            try:
+                answers = await run_off_loop(self._executor, self._round, subscription, [p.ask for p in batch])
+            except Exception as exc:
+                fail_all(batch, exc)
+                return
+            settle(batch, answers)
+        finally:
+            self._side.pop(subscription, None)
+            self._start(subscription)
 
     async def _linger(self, subscription: str) -> None:
         """Wait (at most PEER_LINGER) while the queue has outcomes but not yet one from
@@ -669,7 +744,7 @@ class GroupCommits:
             finally:
                 self._arrived.pop(subscription, None)
 
-    def _take(self, subscription: str) -> list[_Pending]:
+    def _take(self, subscription: str, *, leases: bool = True) -> list[_Pending]:
         """The next round's calls: every queued one, except that deferred deadline changes
         stay queued when nothing else of the round is an outcome (only lease asks). They
         then ride in the next round with an ack, nack or other change (a MERGE anyway), or
@@ -679,12 +754,19 @@ class GroupCommits:
         of new messages turned that round's append into an append plus a MERGE of the
         modacks alone (~25 ms of CPU each): 91 MERGEs in an 8 s phase before, 67 after, and
         publish -> callback p50 0.52 s -> 0.22 s, p99 1.94 s -> 0.51 s."""
-        queue = self._queues.pop(subscription)
+        queued = self._queues.pop(subscription, [])
+        # While the lease lane runs, its kind of call (lease asks) waits for it to end.
+        queue = queued if leases else [p for p in queued if not isinstance(p.ask, LeaseAsk)]
         deferred = [p for p in queue if p.until is not None]
         if not deferred or len(deferred) == len(queue) or any(isinstance(p.ask, OutcomeAsk) and p.until is None for p in queue):
-            return queue
-        self._queues[subscription] = deferred  # (in arrival order, ahead of any call queued from now on)
-        return [p for p in queue if p.until is None]
+            taken = queue
+        else:
+            taken = [p for p in queue if p.until is None]
+        chosen = {id(p) for p in taken}
+        left = [p for p in queued if id(p) not in chosen]
+        if left:  # (in arrival order, ahead of any call queued from now on)
+            self._queues[subscription] = left
+        return taken
 
     def _asks(self, batch: Sequence[_Pending]) -> list[Ask]:
         """The round's asks; a deferred change's seconds count from now (never below 1 ms:

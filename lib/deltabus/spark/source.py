@@ -14,8 +14,9 @@ the ends of push backoff are acted on while nothing is published.
 from __future__ import annotations
 
 import functools
+import json
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition, SimpleDataSourceStreamReader
@@ -106,11 +107,38 @@ def read_range(p: VersionRange) -> Iterator[pa.RecordBatch]:
     yield from out.to_batches(max_chunksize=65536)
 
 
+class IdleSkip:
+    """Whether a trigger may pass without a batch (``policy.idle_wake``): options
+    ``idleHint`` (the job's hint file) and ``watch`` (JSON: table name -> URI of each
+    watched table). Without them every trigger runs a batch. Picklable: it holds strings."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.path = options.get("idleHint") or None
+        self.watch: dict[str, str] = json.loads(options["watch"]) if options.get("watch") else {}
+
+    def __call__(self) -> bool:
+        if self.path is None or not self.watch:
+            return False
+        from ..policy.idle_wake import may_skip
+        from .idle_hint import read
+
+        hint = read(self.path)
+        if hint is None:
+            return False
+        try:
+            versions = {t: _latest(uri) for t, uri in self.watch.items()}
+        except Exception:  # a table that cannot be read now: run the batch (it will say why)
+            return False
+        return may_skip(hint, versions, time.time())
+
+
 class MessagesStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.uri = options["path"]
         self.max_versions = int(options.get("maxVersionsPerBatch", DEFAULT_MAX_VERSIONS_PER_BATCH))
         self._last: int | None = None
+        self._tick = 0
+        self._idle = IdleSkip(options)
 
     def _latest_version(self) -> int:
         return _latest(self.uri)
@@ -123,11 +151,14 @@ class MessagesStreamReader(DataSourceStreamReader):
         latest = self._latest_version()
         if self._last is not None:
             latest = min(latest, self._last + self.max_versions)
-        return {"version": latest, "tick": time.time_ns()}
+            if latest == self._last and self._idle():  # an idle job: no batch (policy.idle_wake)
+                return {"version": latest, "tick": self._tick}
+        self._tick = time.time_ns()
+        return {"version": latest, "tick": self._tick}
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         a, b = int(start["version"]), int(end["version"])
-        self._last = b
+        self._last, self._tick = b, int(end.get("tick", 0))
         parts: list[InputPartition] = [VersionRange(self.uri, a, b, a, b, marker=True)]
         for lo in range(a + 1, b + 1, VERSIONS_PER_PARTITION):
             hi = min(b, lo + VERSIONS_PER_PARTITION - 1)
@@ -139,7 +170,7 @@ class MessagesStreamReader(DataSourceStreamReader):
         return read_range(partition)
 
     def commit(self, end: Offset) -> None:
-        self._last = int(end["version"])
+        self._last, self._tick = int(end["version"]), int(end.get("tick", 0))
 
 
 def _read_version(uri: str) -> int:
@@ -183,6 +214,7 @@ class SimpleMessagesStreamReader(SimpleDataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.uri = options["path"]
         self.max_versions = int(options.get("maxVersionsPerBatch", DEFAULT_MAX_VERSIONS_PER_BATCH))
+        self._idle = IdleSkip(options)
 
     def initialOffset(self) -> Offset:
         return {"version": _latest(self.uri), "tick": 0}
@@ -190,6 +222,8 @@ class SimpleMessagesStreamReader(SimpleDataSourceStreamReader):
     def read(self, start: Offset) -> tuple[Iterator[Row], Offset]:
         a = int(start["version"])
         b = min(_latest(self.uri), a + self.max_versions)
+        if b == a and self._idle():  # an idle job: the same offset, so no batch (policy.idle_wake)
+            return iter([]), dict(start)
         # Spark pickles the prefetched rows: a list, not a generator.
         return iter(list(_tuples(self.uri, a, b))), {"version": b, "tick": time.time_ns()}
 
@@ -243,16 +277,24 @@ def register(spark: Any) -> None:
     spark.dataSource.register(MessagesSource)
 
 
-def message_stream(spark: Any, engine: ConcreteEngine, uri: str, trigger_interval: float) -> Any:
+def message_stream(
+    spark: Any, engine: ConcreteEngine, uri: str, trigger_interval: float, *, idle_hint: str | None = None,
+    watch: Mapping[str, str] | None = None,
+) -> Any:
     """The push job's input stream for `engine`.
 
-    delta-rs: this module's source (keys of each version range, a marker row, a tick per poll).
+    delta-rs: this module's source (keys of each version range, a marker row, a tick per poll;
+    with `idle_hint` and `watch`, no tick while the job's hint says it is idle and none of
+    the watched tables moved: ``policy.idle_wake``).
     delta-spark: Spark's own Delta change-feed stream, unioned with a rate stream so a batch
     runs at least every trigger even when nothing is published; the job reads fan-out from
     the change feed itself, so only the pacing matters here.
     """
     if engine != "delta-spark":
-        return spark.readStream.format(NAME).load(uri)
+        reader = spark.readStream.format(NAME)
+        if idle_hint is not None and watch:
+            reader = reader.option("idleHint", idle_hint).option("watch", json.dumps(dict(watch)))
+        return reader.load(uri)
     from pyspark.sql import functions as F
 
     changes = (
