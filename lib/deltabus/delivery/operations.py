@@ -108,7 +108,7 @@ def acknowledge(
 
     def fn(snap: Snapshot) -> int:
         if history.enabled:
-            return _decided(snap, sub, items, keyed, OutcomeKind.ACK, None, [], history, clock)
+            return _decided(snap, sub, items, keyed, OutcomeKind.ACK, None, history, clock)
         m = commit(snap, [source], [sub.sub_uid])
         return int((m or {}).get("num_target_rows_deleted", 0))
 
@@ -141,8 +141,7 @@ def modify_deadline(
     def fn(snap: Snapshot) -> int:
         lease = _new_lease(kind, keyed, seconds, clock, policy)
         if kind is OutcomeKind.NACK and history.enabled:  # recorded: decided on the snapshot (``_decided``)
-            extra = [cascade(sub.sub_uid, keyed, snap, clock())] if policy.eligible is not None else []
-            return _decided(snap, sub, items, keyed, kind, lease, extra, history, clock)
+            return _decided(snap, sub, items, keyed, kind, lease, history, clock, policy)
         source = rows(sub.sub_uid, kind, keyed, lease)
         parts = [source]
         if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too
@@ -163,17 +162,21 @@ def _decided(
     keyed: pa.Table,
     kind: OutcomeKind,
     lease: int | pa.Array | None,
-    extra: list[pa.Table],
     history: HistorySettings,
     clock: Callable[[], float],
+    policy: DeliveryHooks | None = None,
 ) -> int:
     """An ack or nack decided on `snap` (the current rows of its messages read first), with
-    its history (applied, or stale) in the same commit; how many deliveries it changed. The
-    ordering cascade's `extra` rows come along, as they do without history."""
+    its history (applied, or stale) in the same commit; how many deliveries it changed. With
+    message ordering (`policy`), the nacks that apply end their keys' later leases, as
+    ``_with_results`` does."""
     current = read_current(snap, sub.sub_uid, keyed["message_id"].to_pylist())
     decision = decide(sub.sub_uid, kind, items, current, lease)
-    recorded = hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock()))
-    commit(snap, [decision.source, *extra, recorded], [sub.sub_uid], exact=DECIDED)
+    parts = [decision.source]
+    if kind is OutcomeKind.NACK and policy is not None and policy.eligible is not None:
+        parts.append(cascade(sub.sub_uid, decision.source.select(["message_id", "delivery_attempt"]), snap, clock()))
+    parts.append(hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock())))
+    commit(snap, parts, [sub.sub_uid], exact=DECIDED)
     return int(decision.source.num_rows)
 
 

@@ -220,7 +220,7 @@ def run_round(
     winners = resolve(flat)
     wanted = [a.want_results or (a.results_if_exactly_once and sub.enable_exactly_once_delivery) for a in outcome_asks]
     want = any(wanted)
-    decided_ = want or history.enabled  # outcomes read and decided on the snapshot
+    read_first = want or history.enabled  # outcomes read and decided on the snapshot
     lease_secs = [float(sub.ack_deadline_seconds) if a.lease_seconds is None else a.lease_seconds for a in lease_asks]
 
     def fn(snap: Snapshot) -> _Decided:
@@ -257,8 +257,8 @@ def run_round(
         if winners and new_messages_only(snap, lease_parts, txns):  # the leases first, as an append: why below
             commit(snap, lease_parts, [uid], txns)
             return _Decided(now, leases, assign, None, key, outcomes_left=True, more=more)
-        parts, applied = _outcome_parts(snap, uid, winners, decided_, now, policy, clock, history, sub.name)
-        commit(snap, _merge_cascades(parts + lease_parts), [uid], txns, exact=DECIDED if decided_ else frozenset())
+        parts, applied = _outcome_parts(snap, uid, winners, read_first, now, policy, clock, history, sub.name)
+        commit(snap, _merge_cascades(parts + lease_parts), [uid], txns, exact=DECIDED if read_first else frozenset())
         return _Decided(now, leases, assign, applied, key, more=more)
 
     if not winners and room <= 0:
@@ -289,8 +289,8 @@ def run_round(
             early({i: answers[i] for i in lease_idx})
 
         def outcomes(snap: Snapshot) -> dict[str, bool] | None:
-            parts, applied = _outcome_parts(snap, uid, winners, decided_, clock(), policy, clock, history, sub.name)
-            commit(snap, parts, [uid], exact=DECIDED if decided_ else frozenset())
+            parts, applied = _outcome_parts(snap, uid, winners, read_first, clock(), policy, clock, history, sub.name)
+            commit(snap, parts, [uid], exact=DECIDED if read_first else frozenset())
             return applied
 
         applied = engine.transact(DELIVERIES.name, outcomes, what=f"group commit {sub.name}")
