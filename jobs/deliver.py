@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-queued-bytes", type=int,
                    help="bytes of messages the push queue may hold in the driver (default: from conf, 268435456 = 256 MiB)")
     p.add_argument("--checkpoint-dir", help="structured-streaming checkpoints (default: <warehouse>/_checkpoints)")
+    p.add_argument("--no-history", dest="delivery_history", action="store_false", default=None,
+                   help="do not record the delivery history (default: from conf, recorded)")
     p.add_argument("--engine", choices=["auto", "delta-rs", "delta-spark"],
                    help="storage engine (default: from conf, auto = delta-spark when Spark has the Delta jars)")
     p.add_argument("--conf", help="deltabus settings file (default: conf/deltabus.conf or $DELTABUS_CONF)")
@@ -70,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-FLAGS = ("warehouse", "trigger_interval", "allow_http", "checkpoint_dir", "engine", "max_queued_bytes")
+FLAGS = ("warehouse", "trigger_interval", "allow_http", "checkpoint_dir", "engine", "max_queued_bytes", "delivery_history")
 
 
 def main(argv: list[str] | None = None) -> int:

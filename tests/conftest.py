@@ -86,6 +86,18 @@ def subscription(sub: SubscriberClient, topic: str) -> str:
     return name
 
 
+def delivery_state(table):
+    """The rows of a deliveries table read whole that are delivery state: without the delivery
+    history's ``_attempts-<day>`` partitions (issue 17)."""
+    import pyarrow.compute as pc
+
+    from deltabus.storage.tables import HISTORY_PREFIX
+
+    if table.num_rows == 0 or "sub_uid" not in table.column_names:
+        return table
+    return table.filter(pc.invert(pc.starts_with(table["sub_uid"].cast("string"), HISTORY_PREFIX)))
+
+
 def table_versions(warehouse: str) -> dict[str, int]:
     """The Delta version of every table: equal before and after means nothing was written."""
     from deltalake import DeltaTable

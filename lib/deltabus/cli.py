@@ -564,7 +564,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> None:
 
     settings = ServeSettings(
         warehouse=args.warehouse, port=args.port, host=args.host, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        insecure=args.insecure, allow_http=_allow_http(args),
+        insecure=args.insecure, allow_http=_allow_http(args), history=not args.no_history,
     )
 
     def announce(line: str) -> None:
@@ -606,16 +606,19 @@ def cmd_maintenance(args: argparse.Namespace, out: TextIO) -> None:
 
     if args.retention_hours < 0:
         raise InvalidArgument("--retention-hours", f"must be >= 0, got {args.retention_hours}")
+    if args.history_retention_days < 0:  # checked before anything is deleted
+        raise InvalidArgument("--history-retention-days", f"must be >= 0, got {args.history_retention_days}")
     engine = open_engine(args.warehouse, engine="delta-rs", create=False)  # maintenance is delta-rs's
     # Expiration policies first: an expired subscription's cursor then no longer holds history.
     for rec in Registry(engine, clock=time.time).delete_expired(time.time()):
         print(f"deleted expired subscription {rec.name} (unused for over {_days(rec.expiration_policy.ttl)})", file=out)
-    done = retention.apply_retention(engine, clock=time.time)
+    done = retention.apply_retention(engine, clock=time.time, history_retention_days=args.history_retention_days)
     print(
         f"retention: {done['unacked_dropped']} unacked messages past their subscription's retention dropped, "
         f"{done['topics_trimmed']} topics trimmed, {done['snapshots_expired']} expired snapshots deleted"
         + (f", rows of {done['deliveries_orphans']} deleted subscriptions swept" if done["deliveries_orphans"] else "")
-        + (f", {done['snapshot_orphans']} leftover snapshot partitions swept" if done["snapshot_orphans"] else ""),
+        + (f", {done['snapshot_orphans']} leftover snapshot partitions swept" if done["snapshot_orphans"] else "")
+        + (f", {done['history_days_dropped']} days of delivery history dropped" if done["history_days_dropped"] else ""),
         file=out,
     )
     rows = retention.maintain(engine, retention_hours=args.retention_hours, clock=time.time, retain=False)
@@ -848,6 +851,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--tls-key", metavar="FILE", help="PEM private key (with --tls-cert)")
     sv.add_argument("--insecure", action="store_true", help="allow plain text on a non-loopback --host")
     sv.add_argument("--allow-http", action="store_true", help="allow push subscriptions with plain http endpoints (localhost, tests)")
+    sv.add_argument("--no-history", action="store_true",
+                    help="do not record the delivery history (leases, acks, nacks, expiries) of the calls it serves")
     sv.set_defaults(func=cmd_serve)
 
     b = command(cmds, "backlog", "each subscription's backlog as a table (and rewrite the backlog table)")
@@ -856,6 +861,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = command(cmds, "maintenance", "apply retention (expired subscriptions, snapshots and messages), then compact small files, checkpoint and vacuum every table")
     m.add_argument("--retention-hours", type=int, default=168, metavar="HOURS",
                    help="vacuum files no version of the last N hours needs (default 168 = 7 days, the change feed's horizon)")
+    m.add_argument("--history-retention-days", type=int, default=7, metavar="DAYS",
+                   help="keep the delivery history (delivery_attempts) of the last N days (default 7); older days are deleted")
     m.set_defaults(func=cmd_maintenance)
     return p
 

@@ -46,6 +46,9 @@ class Settings:
     max_queued_bytes: int = 256 * 1024 * 1024
     backlog_interval: float = 1.0
     engine: EngineName = "auto"
+    # The delivery history (issue 17): every push attempt, lease, ack, nack, expiry and
+    # dead-lettering recorded in the commit that changes delivery state.
+    delivery_history: bool = True
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -171,9 +174,13 @@ class ClientSettings:
     engine: EngineName = "auto"
     allow_http: bool = False
     engine_field: str = "engine"
+    # Record the delivery history (issue 17) of this client's pulls, acks and nacks.
+    history: bool = True
 
     def __post_init__(self) -> None:
         engine_name(self.engine_field, self.engine)
+        if not isinstance(self.history, bool):
+            raise InvalidArgument("history", "must be a boolean")
         if self.warehouse is not None and not self.warehouse:
             raise InvalidArgument("warehouse", "must be a path or URI")
 

@@ -20,9 +20,12 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from .delivery.cursor import cursor_app_id
+from .delivery.history import day_of_partition, is_history_partition
+from .errors import InvalidArgument
 from .delivery.retained import drop_expired
 from .policy.retention import message_cutoff
 from .registry import Registry, SubscriptionRecord
@@ -76,7 +79,36 @@ def hours_to_keep_for_fan_out(engine: Engine, now: float) -> int:
     return hours_to_keep(first_commit_since(engine.table_uri(MESSAGES.name), oldest), now)
 
 
-def apply_retention(engine: Engine, *, clock: Callable[[], float]) -> dict[str, int]:
+DEFAULT_HISTORY_RETENTION_DAYS = 7
+
+
+def history_cutoff_day(now: float, days: int) -> str:
+    """yyyy-mm-dd of the oldest history day kept `days` days after `now`: the days before it go."""
+    if isinstance(days, bool) or not isinstance(days, int) or days < 0:
+        raise InvalidArgument("history_retention_days", f"must be a whole number of days >= 0, got {days!r}")
+    return datetime.fromtimestamp(now - days * 86_400.0, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def drop_old_history(engine: Engine, now: float, days: int = DEFAULT_HISTORY_RETENTION_DAYS) -> int:
+    """Delete the delivery history's day partitions (``_attempts-<yyyy-mm-dd>``) older than
+    `days` days; return how many. Each is one delete of a whole partition (its files are
+    removed, nothing is rewritten), listed from the log's statistics, no read. Only ever
+    inserted into, so deleting one conflicts with no delivery write."""
+    cutoff = history_cutoff_day(now, days)
+    stats = engine.snapshot(DELIVERIES.name).file_stats()
+    column = f"partition.{DELIVERIES.partition_column}"
+    if stats.num_rows == 0 or column not in stats.column_names:
+        return 0
+    old = sorted({u for u in stats[column].to_pylist() if is_history_partition(u) and day_of_partition(u) < cutoff})
+    for part in old:
+        predicate = f"sub_uid = {literal(part)}"
+        engine.transact(DELIVERIES.name, functools.partial(_delete_where, predicate), what=f"drop the delivery history of {day_of_partition(part)}")
+    return len(old)
+
+
+def apply_retention(
+    engine: Engine, *, clock: Callable[[], float], history_retention_days: int = DEFAULT_HISTORY_RETENTION_DAYS
+) -> dict[str, int]:
     """Carry out message retention (issue 15), in an order where each step only removes what
     the later ones no longer need:
 
@@ -88,8 +120,11 @@ def apply_retention(engine: Engine, *, clock: Callable[[], float]) -> dict[str, 
     3. each topic's messages older than every rule keeps (``policy.retention``) leave the
        messages table, one delete per topic partition.
 
+    4. the delivery history's days older than `history_retention_days` are deleted.
+
     Returns counts: deliveries_orphans, snapshots_expired, snapshot_orphans, unacked_dropped,
-    topics_trimmed."""
+    topics_trimmed, history_days_dropped."""
+    history_cutoff_day(0.0, history_retention_days)  # refuse a bad value before anything is deleted
     now = clock()
     registry = Registry(engine, clock=clock)
     snapshots = Snapshots(engine, clock=clock)
@@ -98,6 +133,7 @@ def apply_retention(engine: Engine, *, clock: Callable[[], float]) -> dict[str, 
     subs = list(registry.subscriptions().values())
     report["unacked_dropped"] = sum(drop_expired(engine, s, clock=clock) for s in subs if not s.detached)
     report["topics_trimmed"] = _trim_messages(engine, registry, subs, snapshots, now)
+    report["history_days_dropped"] = drop_old_history(engine, now, history_retention_days)
     return report
 
 
@@ -116,7 +152,8 @@ def sweep_deliveries(engine: Engine, registry: Registry) -> int:
     column = f"partition.{DELIVERIES.partition_column}"
     if stats.num_rows == 0 or column not in stats.column_names:
         return 0
-    listed = set(stats[column].to_pylist())
+    # The delivery history's day partitions belong to no subscription (``drop_old_history``).
+    listed = {u for u in stats[column].to_pylist() if not is_history_partition(u)}
     live = {s.sub_uid for s in registry.subscriptions().values()}
     swept = 0
     for uid in sorted(u for u in listed - live if u is not None):
@@ -191,6 +228,7 @@ def maintain(
     min_files: int = 2,
     clock: Callable[[], float],
     retain: bool = True,
+    history_retention_days: int = DEFAULT_HISTORY_RETENTION_DAYS,
 ) -> list[dict[str, Any]]:
     """``storage.maintenance.maintain_warehouse`` of the engine's warehouse, keeping the
     messages history every subscription's fan-out still needs.
@@ -198,6 +236,6 @@ def maintain(
     The cursors are read before compacting: a cursor only moves forward, so a limit read
     earlier keeps at least as much as one read just before the vacuum would."""
     if retain:  # False: the caller ran apply_retention itself (to report it)
-        log.info("retention: %s", apply_retention(engine, clock=clock))
+        log.info("retention: %s", apply_retention(engine, clock=clock, history_retention_days=history_retention_days))
     keep = {MESSAGES.name: hours_to_keep_for_fan_out(engine, clock())}
     return maintain_warehouse(engine.warehouse, retention_hours=retention_hours, min_files=min_files, keep_hours=keep)

@@ -300,6 +300,7 @@ def test_allow_http_flag_and_pull_with_push_options(capsys, events):
         (["publish", "events", "x", "--file", "-"], "--file: give message data as arguments or with --file, not both"),
         (["publish", "events", "--file", "/nonexistent/e.jsonl"], "--file: cannot read /nonexistent/e.jsonl: No such file"),
         (["maintenance", "--retention-hours", "-1"], "--retention-hours: must be >= 0"),
+        (["maintenance", "--history-retention-days", "-1"], "--history-retention-days: must be >= 0"),
         (["--project", "9x", "topics", "list"], "--project: project id '9x' must match"),
         (["subscriptions", "update", "events-sub"], "nothing to change"),
         (["seek", "events-sub", "--time", "soon"], "--time: must be an RFC 3339 time such as 2026-11-26T12:00:00Z, or a duration back "

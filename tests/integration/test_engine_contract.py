@@ -22,7 +22,7 @@ from deltabus.storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, ope
 from deltabus.storage.arrow import read_table
 from deltabus.storage.clock import StorageClock
 from deltabus.storage.tables import ALL, DELIVERIES, TS
-from tests.conftest import requires_delta
+from tests.conftest import delivery_state, requires_delta
 
 # In the suite, its tests run in a pytest process of their own beside the session's others
 # (tests/background.py); in the cluster group (its delta-spark half) they run in place.
@@ -80,6 +80,7 @@ def rows(sub_uid: str, ids: list[str], attempt: int = 0) -> pa.Table:
             "delivery_attempt": pa.array([attempt] * n, pa.int32()),
             "lease_expires": pa.nulls(n, TS),
             "dead_letter_key": pa.nulls(n, pa.int64()),  # deliveries schema version 2 (issue 13)
+            **{f.name: pa.nulls(n, f.type) for f in DELIVERIES.layers[2]},  # version 3: the delivery history (issue 17)
         },
         schema=DELIVERIES.schema,
     )
@@ -160,6 +161,31 @@ def test_writes_to_other_partitions_do_not_conflict(engine, other):
     assert state(engine, "sb") == [("1", 0)]
 
 
+def test_history_rows_of_two_subscriptions_on_one_day_do_not_conflict(engine, other):
+    """The delivery history (issue 17): each MERGE inserts its history rows into the same day
+    partition, and neither conflicts with the other (delta-spark: the insert-only partition is
+    left out of the snapshot check; both: the MERGE condition pins only the subscription)."""
+    from deltabus.delivery import history, merge
+    from deltabus.delivery.model import Op
+
+    engine.snapshot("deliveries").merge(rows("sa", ["1"]), on("sa"), INSERT)
+    other.snapshot("deliveries").merge(rows("sb", ["1"]), on("sb"), INSERT)
+    now_us = int(time.time() * 1e6)
+
+    def leased(uid: str, name: str) -> list[pa.Table]:
+        one = pa.table({"message_id": ["1"]})
+        lease = merge.source_rows(Op.LEASE, uid, one, pa.array([1], pa.int32()), pa.array([now_us + 60_000_000], TS))
+        return [lease, history.rows(history.RECORD, name, one["message_id"], pa.array([1], pa.int32()), "lease", now_us)]
+
+    stale = engine.snapshot("deliveries")
+    merge.commit(other.snapshot("deliveries"), leased("sb", "sub-b"), ["sb"])  # history into today's partition first
+    merge.commit(stale, leased("sa", "sub-a"), ["sa"])  # on a snapshot from before it: still commits
+    assert state(engine, "sa") == [("1", 1)] and state(engine, "sb") == [("1", 1)]
+    got = history.read(engine.snapshot("deliveries"))
+    assert sorted(zip(got["subscription"].to_pylist(), got["message_id"].to_pylist(), got["outcome"].to_pylist())) == [
+        ("sub-a", "1", "lease"), ("sub-b", "1", "lease")]
+
+
 def test_transact_reruns_conflicting_work_on_a_fresh_snapshot(engine, other):
     engine.snapshot("deliveries").merge(rows("sa", ["1"]), on("sa"), INSERT)
     calls = []
@@ -231,7 +257,7 @@ def test_pull_and_ack_through_the_clients_on_this_engine(engine, warehouse):
     sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in got])
     assert sub.pull(subscription=name, max_messages=100, return_immediately=True).received_messages == []
     # What this engine wrote, the other reader reads.
-    assert read_table(engine.table_uri("deliveries")).num_rows == 0
+    assert delivery_state(read_table(engine.table_uri("deliveries"))).num_rows == 0
     assert read_table(engine.table_uri("messages")).num_rows == len(got)
     pub.stop()
     sub.close()

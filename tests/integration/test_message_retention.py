@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from deltabus import PublisherClient, SubscriberClient, retention
 from deltabus.policy.retention import COMMIT_MARGIN, MIN_AGE, message_cutoff
 from deltabus.types import DAY
-from tests.conftest import ManualClock
+from tests.conftest import ManualClock, delivery_state
 from tests.integration.test_seek import b, drain, publish
 
 P = "local"
@@ -160,7 +160,7 @@ def test_maintenance_sweeps_the_rows_of_a_subscription_deleted_halfway(pub, sub,
     assert drain(sub, gone, ack=False) == b("a", "b") and drain(sub, kept, ack=False) == b("a", "b")
     rec = sub._sub(gone)
     sub._registry._delete_named(SUBSCRIPTIONS.name, "subscription", gone, "sub_uid", rec.sub_uid)  # commit 1 only
-    rows = lambda: sub.engine.snapshot("deliveries").read(columns=["sub_uid"])["sub_uid"].to_pylist()  # noqa: E731
+    rows = lambda: delivery_state(sub.engine.snapshot("deliveries").read(columns=["sub_uid"]))["sub_uid"].to_pylist()  # noqa: E731
     assert rows().count(rec.sub_uid) == 2
     assert retention.apply_retention(sub.engine, clock=time.time)["deliveries_orphans"] == 1
     assert rec.sub_uid not in rows() and len(rows()) == 2

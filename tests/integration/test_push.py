@@ -334,8 +334,8 @@ def test_a_batch_catching_up_a_backlog_leases_nothing_once_and_leases_then_count
             before = time.time()
             second = job.process(None, 2)
             assert second.fanned_out == FANOUT_LIMIT + 1 and second.delivered > 0
-            leased = job.engine.snapshot(DELIVERIES.name).read(
-                columns=["lease_expires"], filter=pc.field("delivery_attempt") == 1
+            leased = job.engine.snapshot(DELIVERIES.name).read(  # its partition: not the delivery history's
+                columns=["lease_expires"], filter=pc.field("delivery_attempt") == 1, partition=psub._sub(s).sub_uid
             )
             ends = [t.timestamp() for t in leased["lease_expires"].to_pylist()]
             assert len(ends) == second.delivered

@@ -14,6 +14,7 @@ from deltabus import ackid
 from deltabus.policy.stream_flow import StreamFlow
 from deltabus.server import streaming
 from deltabus.server.app import ServerThread
+from tests.conftest import delivery_state
 from tests.server_fixtures import PROJECT, gpub, gsub, serve_thread  # noqa: F401
 
 T = f"projects/{PROJECT}/topics/modack-topic"
@@ -21,7 +22,7 @@ S = f"projects/{PROJECT}/subscriptions/modack-sub"
 
 
 def lease_ends(warehouse: str) -> dict[str, int]:
-    t = DeltaTable(f"{warehouse}/deliveries").to_pyarrow_table(columns=["message_id", "lease_expires"])
+    t = delivery_state(DeltaTable(f"{warehouse}/deliveries").to_pyarrow_table(columns=["sub_uid", "message_id", "lease_expires"]))
     return {m: v.timestamp() * 1e6 if v is not None else None for m, v in zip(t["message_id"].to_pylist(), t["lease_expires"].to_pylist())}
 
 

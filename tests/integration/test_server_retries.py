@@ -23,7 +23,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 
 from deltabus.server.app import ServerThread
-from tests.conftest import table_versions
+from tests.conftest import delivery_state, table_versions
 from tests.integration.test_server_publish_pull import pull_all
 from tests.server_fixtures import PROJECT, gpub, gsub, serve_thread  # noqa: F401
 
@@ -57,7 +57,7 @@ def stored(warehouse: str) -> list[bytes]:
 
 
 def deliveries_rows(warehouse: str) -> int:
-    return DeltaTable(f"{warehouse}/deliveries").to_pyarrow_table(columns=["sub_uid"]).num_rows
+    return delivery_state(DeltaTable(f"{warehouse}/deliveries").to_pyarrow_table(columns=["sub_uid"])).num_rows
 
 
 @pytest.fixture

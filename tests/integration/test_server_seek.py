@@ -27,7 +27,7 @@ from google.protobuf import field_mask_pb2
 from google.pubsub_v1 import types as pb
 
 from deltalake import DeltaTable
-from tests.conftest import table_versions
+from tests.conftest import delivery_state, table_versions
 from tests.server_fixtures import PROJECT, gpub, gsub, serve_thread  # noqa: F401
 
 T = f"projects/{PROJECT}/topics/seek-topic"
@@ -242,7 +242,7 @@ def test_subscription_retention_fields_through_create_get_update(serve_thread, g
 # -- seek while streams run -------------------------------------------------------------------
 def unacked_rows(warehouse: str) -> int:
     """Rows of the deliveries table (one subscription here: its unacked messages)."""
-    return DeltaTable(f"{warehouse}/deliveries").to_pyarrow_table(columns=["message_id"]).num_rows
+    return delivery_state(DeltaTable(f"{warehouse}/deliveries").to_pyarrow_table(columns=["sub_uid", "message_id"])).num_rows
 
 
 class Collector:

@@ -29,6 +29,7 @@ from google.pubsub_v1 import types as pb
 
 from deltabus.server import streaming
 from deltabus.server.app import ServerThread
+from tests.conftest import delivery_state
 from tests.server_fixtures import PROJECT, gpub, gsub, serve_thread  # noqa: F401
 
 # Its tests run in a pytest process of their own beside the session's others (tests/background.py):
@@ -421,7 +422,7 @@ def test_a_server_sigkilled_mid_stream_and_restarted_loses_nothing(warehouse: st
         engine = open_engine(warehouse, engine="delta-rs")
         give_up = time.monotonic() + 30
         while time.monotonic() < give_up:
-            left = engine.snapshot("deliveries").read(["message_id"]).num_rows
+            left = delivery_state(engine.snapshot("deliveries").read(["sub_uid", "message_id"])).num_rows
             if left == 0:
                 break
             time.sleep(0.2)
@@ -517,7 +518,7 @@ def test_acks_sent_on_a_stream_apply_even_when_it_is_cancelled_right_after(serve
     engine = open_engine(warehouse, engine="delta-rs")
 
     def left() -> set[str]:
-        return set(engine.snapshot("deliveries").read(["message_id"])["message_id"].to_pylist()) & set(acked)
+        return set(delivery_state(engine.snapshot("deliveries").read(["sub_uid", "message_id"]))["message_id"].to_pylist()) & set(acked)
 
     give_up = time.monotonic() + 10
     while left() and time.monotonic() < give_up:

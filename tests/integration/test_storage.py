@@ -23,6 +23,7 @@ def rows(sub_uid, ids, attempt=0):
             "delivery_attempt": pa.array([attempt] * n, pa.int32()),
             "lease_expires": pa.nulls(n, TS),
             "dead_letter_key": pa.nulls(n, pa.int64()),  # deliveries schema version 2 (issue 13)
+            **{f.name: pa.nulls(n, f.type) for f in DELIVERIES.layers[2]},  # version 3: the delivery history (issue 17)
         },
         schema=DELIVERIES.schema,
     )

@@ -37,7 +37,7 @@ PINNED = {
     # enable_exactly_once_delivery (issue 15)
     "subscriptions": (1, 2, None, None, {"deltabus.schemaVersion": "6"}),  # 6: delta_config (issue 17)
     "messages": (1, 4, None, None, {"delta.enableChangeDataFeed": "true", "deltabus.schemaVersion": "1"}),
-    "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "2"}),  # 2: dead_letter_key (issue 13)
+    "deliveries": (1, 2, None, None, {"delta.targetFileSize": "65536", "deltabus.schemaVersion": "3"}),  # 2: dead_letter_key (issue 13); 3: attempt_* (the delivery history, issue 17)
     "backlog": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: dead_lettered, dead_letter_blocked (issue 13)
     "backlog_history": (1, 2, None, None, {"deltabus.schemaVersion": "3"}),  # 3: as backlog
     "snapshots": (1, 2, None, None, {"deltabus.schemaVersion": "1"}),  # issue 15

@@ -106,3 +106,16 @@ def test_only_config_reads_the_environment():
         if p.name != "config.py" and pattern.search(p.read_text(encoding="utf-8"))
     )
     assert readers == []
+
+
+def test_the_delivery_history_is_on_unless_switched_off() -> None:
+    from deltabus.config import ClientSettings, Settings, load
+    from deltabus.errors import InvalidArgument
+
+    assert Settings().delivery_history is True and ClientSettings().history is True
+    assert load(None, {"DELTABUS_DELIVERY_HISTORY": "0"}).delivery_history is False
+    with pytest.raises(InvalidArgument, match="DELTABUS_DELIVERY_HISTORY"):
+        load(None, {"DELTABUS_DELIVERY_HISTORY": "maybe"})
+    with pytest.raises(InvalidArgument) as e:
+        ClientSettings(history="no")  # type: ignore[arg-type]
+    assert e.value.field == "history"

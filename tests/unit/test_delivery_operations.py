@@ -7,6 +7,7 @@ import time
 import pytest
 
 from deltabus.delivery import operations as ops
+from deltabus.delivery.history import OFF
 from deltabus.delivery.merge import commit
 from deltabus.delivery.model import IdResult, OutcomeKind, Result
 from deltabus.delivery.outcomes import latest_per_message, rows
@@ -35,8 +36,10 @@ def test_pull_then_results_per_id(warehouse, pub, topic, subscription) -> None:
     assert ops.acknowledge_results(engine, rec, [(a, 1)]) == [IdResult(a, 1, BAD)]  # already acked
 
     at = engine.version("deliveries")
+    assert ops.acknowledge_results(engine, rec, [("nope", 1)], history=OFF) == [IdResult("nope", 1, BAD)]
+    assert engine.version("deliveries") == at  # nothing applies: nothing written (without history)
     assert ops.acknowledge_results(engine, rec, [("nope", 1)]) == [IdResult("nope", 1, BAD)]
-    assert engine.version("deliveries") == at  # nothing applies: nothing written
+    assert engine.version("deliveries") == at + 1  # with it, the stale ack is recorded, and only that
 
     assert ops.modify_deadline_results(engine, rec, [(b, 1)], 0, clock=clock) == [IdResult(b, 1, OK)]  # nack
     assert ops.modify_deadline_results(engine, rec, [(b, 1), (c, 1)], 60, clock=clock) == [

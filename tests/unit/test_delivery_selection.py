@@ -111,7 +111,7 @@ def test_fanout_sorted_by_version_then_id_and_filtered() -> None:
 
 
 def test_op_values_are_the_merge_vocabulary() -> None:
-    assert {o.value for o in Op} == {"insert", "lease", "ack", "nack", "deadline", "give_up", "cascade", "seek_drop", "seek_keep"}
+    assert {o.value for o in Op} == {"insert", "lease", "ack", "nack", "deadline", "give_up", "cascade", "seek_drop", "seek_keep", "history"}
     assert set(OPS_CLAUSES) == set(Op)  # every op has its MERGE clause
 
 

@@ -50,6 +50,7 @@ def test_ipv6_address_is_bracketed() -> None:
         ({"grace_seconds": -1}, "grace_seconds"),
         ({"grace_seconds": float("inf")}, "grace_seconds"),
         ({"warehouse": ""}, "warehouse"),
+        ({"history": "no"}, "history"),
     ],
 )
 def test_bad_values_name_their_field(kwargs: dict, field: str) -> None:
@@ -64,3 +65,11 @@ def test_frozen_and_slotted() -> None:
     with pytest.raises(AttributeError):
         s.port = 1  # type: ignore[misc]
     assert not hasattr(s, "__dict__")
+
+
+def test_serve_records_the_delivery_history_unless_told_not_to() -> None:
+    from deltabus import cli
+
+    assert ServeSettings("wh", 8085).history is True
+    assert cli.build_parser().parse_args(["serve", "--port", "0"]).no_history is False
+    assert cli.build_parser().parse_args(["serve", "--port", "0", "--no-history"]).no_history is True

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from ..storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, Snapshot, literal
 from ..storage.engine import Clause, WriteRaced, read_by_ids
-from ..storage.tables import DELIVERIES
+from ..storage.tables import DELIVERIES, HISTORY_PREFIX
 from ..timestamps import TS
 from .model import Op
 
@@ -119,9 +119,15 @@ OPS_CLAUSES: Mapping[Op, Clause] = {
         when=f"s.op = '{Op.SEEK_KEEP.value}' AND {_UNMARKED}",
     ),
     Op.INSERT: NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when=f"s.op = '{Op.INSERT.value}'"),
+    # The delivery history (issue 17, ``delivery/history``): insert only. Its rows are kept out
+    # of the join (``pinned_on``), so they never match a delivery, and their sub_uid is an
+    # ``_attempts-<day>`` partition the MERGE's condition does not read.
+    Op.HISTORY: NotMatchedInsert({c: f"s.{c}" for c in DELIVERIES.schema.names}, when=f"s.op = '{Op.HISTORY.value}'"),
 }
 OPS_MERGE: list[Clause] = list(OPS_CLAUSES.values())
 SOURCE_SCHEMA = pa.schema([pa.field("op", pa.string()), *DELIVERIES.schema])
+# The columns only history rows fill (the deliveries table's version 3).
+HISTORY_COLUMNS = DELIVERIES.layers[2]
 
 
 def clauses_for(ops: Sequence[Op]) -> list[Clause]:
@@ -159,6 +165,8 @@ def source_rows(
             "delivery_attempt": attempt,
             "lease_expires": lease,
             "dead_letter_key": pa.nulls(n, pa.int64()) if mark is None else pa.repeat(pa.scalar(mark, pa.int64()), n),
+            # The delivery history's columns (``delivery/history``): null on delivery rows.
+            **{f.name: pa.nulls(n, f.type) for f in HISTORY_COLUMNS},
         },
         schema=SOURCE_SCHEMA,
     )
@@ -173,13 +181,18 @@ def empty_source() -> pa.Table:
     return SOURCE_SCHEMA.empty_table()
 
 
-def pinned_on(sub_uids: Sequence[str]) -> str:
+def pinned_on(sub_uids: Sequence[str], history: bool = False) -> str:
     """The MERGE condition, pinned by literal sub_uids (Delta's conflict check then only
-    sees those partitions). One subscription: ``t.sub_uid = 'x'``; several: ``IN (...)``."""
+    sees those partitions). One subscription: ``t.sub_uid = 'x'``; several: ``IN (...)``.
+    `history`: the source holds HISTORY rows; with one subscription (whose condition joins on
+    message_id alone) they are kept out of the join, so they never match that subscription's
+    row of their message (no clause would apply, but a target row matched by two source rows
+    is an error in Delta). With several, ``t.sub_uid = s.sub_uid`` already keeps them out."""
     if not sub_uids:
         raise ValueError("sub_uids: at least one subscription to pin the MERGE to")
     if len(sub_uids) == 1:
-        return f"t.sub_uid = {literal(sub_uids[0])} AND t.message_id = s.message_id"
+        keep_out = f" AND s.op <> '{Op.HISTORY.value}'" if history else ""
+        return f"t.sub_uid = {literal(sub_uids[0])} AND t.message_id = s.message_id{keep_out}"
     in_list = ", ".join(literal(u) for u in sorted(sub_uids))
     return f"t.sub_uid IN ({in_list}) AND t.sub_uid = s.sub_uid AND t.message_id = s.message_id"
 
@@ -192,7 +205,7 @@ def _check_pinned(source: pa.Table, sub_uids: Sequence[str]) -> None:
     row for another subscription would ack or lease this one's row of that message.
     Checking here keeps the MERGE condition (and its cost) as it is; pc.unique over the
     source column is one pass over an Arrow array."""
-    stray = set(pc.unique(source["sub_uid"]).to_pylist()) - set(sub_uids)
+    stray = {u for u in pc.unique(source["sub_uid"]).to_pylist() if not str(u).startswith(HISTORY_PREFIX)} - set(sub_uids)
     if stray:
         raise ValueError(
             f"sub_uid: source rows for {sorted(map(str, stray))} but the MERGE is pinned to {sorted(sub_uids)};"
@@ -210,7 +223,14 @@ def new_messages_only(snap: Snapshot, parts: Sequence[pa.Table], txns: Sequence[
     fanned-out message, exactly the cursor's transaction rides along, and the engine's
     append commits on the snapshot it was decided on. Reads nothing."""
     rows = [p for p in parts if p.num_rows]
-    return bool(rows) and len(txns) == 1 and snap.appends_on_snapshot and all(ops_in(p) == [Op.INSERT] for p in rows)
+    return (
+        bool(rows) and len(txns) == 1 and snap.appends_on_snapshot
+        and all(set(ops_in(p)) <= _APPENDABLE for p in rows) and any(Op.INSERT in ops_in(p) for p in rows)
+    )
+
+
+# Ops whose rows may go as a blind append: fan-out inserts, and history rows (insert only).
+_APPENDABLE = frozenset({Op.INSERT, Op.HISTORY})
 
 
 def _any_present(snap: Snapshot, source: pa.Table, sub_uids: Sequence[str]) -> bool:
@@ -220,7 +240,8 @@ def _any_present(snap: Snapshot, source: pa.Table, sub_uids: Sequence[str]) -> b
     cursor's commit (delta-spark records the cursors one commit each) leaves rows past the
     cursor, which the MERGE's insert-if-absent skipped and an append would write twice. Ids
     are time-ordered, so only the newest files (by their message_id range) are opened."""
-    return any(read_by_ids(snap, source["message_id"], ["message_id"], partition=uid).num_rows for uid in sub_uids)
+    inserts = source.filter(pc.equal(source["op"], Op.INSERT.value))
+    return any(read_by_ids(snap, inserts["message_id"], ["message_id"], partition=uid).num_rows for uid in sub_uids)
 
 
 def _append_new(snap: Snapshot, source: pa.Table, txn: tuple[str, int]) -> Mapping[str, int]:
@@ -299,7 +320,13 @@ def commit(
     _check_pinned(source, sub_uids)
     if new_messages_only(snap, parts, txns) and not _any_present(snap, source, sub_uids):
         return _append_new(snap, source, txns[0])
-    metrics = snap.merge(source, pinned_on(sub_uids), clauses_for(ops_in(source)), app_txn=list(txns) or None)
+    if not txns and snap.appends_on_snapshot and ops_in(source) == [Op.HISTORY]:
+        # History alone (outcomes that all turned out stale): nothing of a delivery changes,
+        # so a blind append, which conflicts with nothing.
+        snap.append(source.drop_columns(["op"]))
+        return {"num_target_rows_inserted": source.num_rows}
+    ops = ops_in(source)
+    metrics = snap.merge(source, pinned_on(sub_uids, Op.HISTORY in ops), clauses_for(ops), app_txn=list(txns) or None)
     if exact:
         short = _short(metrics, source, exact)
         if short is not None:

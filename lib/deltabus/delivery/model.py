@@ -25,6 +25,9 @@ class Op(str, Enum):
     # Seek (issue 15, ``delivery/seek``): the subscription's unacked set is replaced.
     SEEK_DROP = "seek_drop"  # the message now counts as acked: the row goes, whatever its attempt
     SEEK_KEEP = "seek_keep"  # the message stays unacked and is due at once; earlier ack ids are stale
+    # The delivery history (issue 17, ``delivery/history``): a row inserted into an
+    # ``_attempts-<day>`` partition; it never joins a delivery, so it only ever inserts.
+    HISTORY = "history"
 
 
 class OutcomeKind(str, Enum):

@@ -10,6 +10,7 @@ the push job composes the same pieces in ``push/plan.py``.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 import pyarrow as pa
@@ -19,10 +20,11 @@ from ..storage import Engine, Snapshot
 from ..storage.clock import deadline
 from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
-from . import dead_letter
+from . import dead_letter, history as hist
 from .cursor import IDLE_CURSOR_LAG, cursor_app_id
 from .fanout import from_change_feed
 from .hooks import DeliveryHooks, hooks_for, require_attached
+from .history import HistorySettings, RECORD
 from .merge import commit
 from .model import Op
 from .model import DeliveryRef, IdResult, Lease, OutcomeKind
@@ -39,6 +41,7 @@ def pull(
     clock: Callable[[], float],
     hooks: DeliveryHooks | None = None,
     max_bytes: int | None = None,
+    history: HistorySettings = RECORD,
 ) -> list[Lease]:
     """Lease up to max_messages available messages for lease_seconds; return the leases
     (redeliveries first, oldest first, then new messages in publish order). `max_bytes`:
@@ -68,6 +71,8 @@ def pull(
         parts, txns, key = chosen.parts, fan.txns(uid), None
         if chosen.given_up and dead is not None:  # mark them in this commit (the move's intent)
             parts, txns, key = dead.mark(snap, parts, txns)
+        # The history of these leases, give-ups and expiries rides in the same commit.
+        parts = [*parts, *hist.for_leases(history, sub.name, parts, available, to_us(now))]
         commit(snap, parts, [uid], txns)
         return chosen.leases, key
 
@@ -85,17 +90,29 @@ def _outcome_kind(seconds: float) -> OutcomeKind:
     return OutcomeKind.NACK if seconds <= 0 else OutcomeKind.DEADLINE
 
 
-def acknowledge(engine: Engine, sub: SubscriptionRecord, items: Sequence[DeliveryRef]) -> int:
+def acknowledge(
+    engine: Engine,
+    sub: SubscriptionRecord,
+    items: Sequence[DeliveryRef],
+    *,
+    history: HistorySettings = RECORD,
+    clock: Callable[[], float] = time.time,
+) -> int:
     """Ack (message_id, delivery_attempt) pairs; return how many messages this acked.
 
-    Unknown, already-acked or superseded deliveries are ignored. Reads nothing first.
+    Unknown, already-acked or superseded deliveries are ignored. Without the delivery
+    history it reads nothing first; with it, the current rows of the acked messages are read
+    (``_decided``) so each ack is recorded as applied or stale on the snapshot it commits on.
     SubscriptionDetached for a detached subscription."""
     require_attached(sub)
     if not items:
         return 0
-    source = rows(sub.sub_uid, OutcomeKind.ACK, latest_per_message(items))
+    keyed = latest_per_message(items)
+    source = rows(sub.sub_uid, OutcomeKind.ACK, keyed)
 
     def fn(snap: Snapshot) -> int:
+        if history.enabled:
+            return _decided(snap, sub, items, keyed, OutcomeKind.ACK, None, history, clock)
         m = commit(snap, [source], [sub.sub_uid])
         return int((m or {}).get("num_target_rows_deleted", 0))
 
@@ -110,6 +127,7 @@ def modify_deadline(
     *,
     clock: Callable[[], float],
     hooks: DeliveryHooks | None = None,
+    history: HistorySettings = RECORD,
 ) -> int:
     """Set the lease of the given deliveries to end `seconds` from now; 0 is a nack.
     Return how many deliveries changed.
@@ -125,7 +143,10 @@ def modify_deadline(
     kind = _outcome_kind(seconds)
 
     def fn(snap: Snapshot) -> int:
-        source = rows(sub.sub_uid, kind, keyed, _new_lease(kind, keyed, seconds, clock, policy))
+        lease = _new_lease(kind, keyed, seconds, clock, policy)
+        if kind is OutcomeKind.NACK and history.enabled:  # recorded: decided on the snapshot (``_decided``)
+            return _decided(snap, sub, items, keyed, kind, lease, history, clock, policy)
+        source = rows(sub.sub_uid, kind, keyed, lease)
         parts = [source]
         if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too
             parts.append(cascade(sub.sub_uid, keyed, snap, clock()))
@@ -133,6 +154,34 @@ def modify_deadline(
         return int((m or {}).get("num_target_rows_updated", 0))
 
     return engine.transact(DELIVERIES.name, fn, what=f"modify_ack_deadline {sub.name}")
+
+
+_RECORDED: dict[OutcomeKind, hist.AttemptOutcome] = {OutcomeKind.ACK: hist.ACK, OutcomeKind.NACK: hist.NACK}
+
+
+def _decided(
+    snap: Snapshot,
+    sub: SubscriptionRecord,
+    items: Sequence[DeliveryRef],
+    keyed: pa.Table,
+    kind: OutcomeKind,
+    lease: int | pa.Array | None,
+    history: HistorySettings,
+    clock: Callable[[], float],
+    policy: DeliveryHooks | None = None,
+) -> int:
+    """An ack or nack decided on `snap` (the current rows of its messages read first), with
+    its history (applied, or stale) in the same commit; how many deliveries it changed. With
+    message ordering (`policy`), the nacks that apply end their keys' later leases, as
+    ``_with_results`` does."""
+    current = read_current(snap, sub.sub_uid, keyed["message_id"].to_pylist())
+    decision = decide(sub.sub_uid, kind, items, current, lease)
+    parts = [decision.source]
+    if kind is OutcomeKind.NACK and policy is not None and policy.eligible is not None:
+        parts.append(cascade(sub.sub_uid, decision.source.select(["message_id", "delivery_attempt"]), snap, clock()))
+    parts.append(hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock())))
+    commit(snap, parts, [sub.sub_uid], exact=DECIDED)
+    return int(decision.source.num_rows)
 
 
 def _new_lease(
@@ -145,12 +194,20 @@ def _new_lease(
     return nack_lease(policy, keyed, clock())
 
 
-def acknowledge_results(engine: Engine, sub: SubscriptionRecord, items: Sequence[DeliveryRef]) -> list[IdResult]:
+def acknowledge_results(
+    engine: Engine,
+    sub: SubscriptionRecord,
+    items: Sequence[DeliveryRef],
+    *,
+    history: HistorySettings = RECORD,
+    clock: Callable[[], float] = time.time,
+) -> list[IdResult]:
     """Ack (message_id, delivery_attempt) pairs; return the result of each, in order.
 
     Reads the current rows of those messages first (in the snapshot the MERGE commits on),
-    so SUCCESS means this call acked it; nothing is written when no id applies."""
-    return _with_results(engine, sub, items, OutcomeKind.ACK, 0.0, lambda: 0.0, hooks_for(sub), f"acknowledge {sub.name}")
+    so SUCCESS means this call acked it; nothing is written when no id applies (but its
+    history: stale acks are recorded)."""
+    return _with_results(engine, sub, items, OutcomeKind.ACK, 0.0, clock, hooks_for(sub), f"acknowledge {sub.name}", history)
 
 
 def modify_deadline_results(
@@ -161,11 +218,12 @@ def modify_deadline_results(
     *,
     clock: Callable[[], float],
     hooks: DeliveryHooks | None = None,
+    history: HistorySettings = RECORD,
 ) -> list[IdResult]:
     """``modify_deadline`` returning the result of each pair, in order (see acknowledge_results)."""
     policy = hooks if hooks is not None else hooks_for(sub)
     kind = _outcome_kind(seconds)
-    return _with_results(engine, sub, items, kind, seconds, clock, policy, f"modify_ack_deadline {sub.name}")
+    return _with_results(engine, sub, items, kind, seconds, clock, policy, f"modify_ack_deadline {sub.name}", history)
 
 
 def _with_results(
@@ -177,6 +235,7 @@ def _with_results(
     clock: Callable[[], float],
     policy: DeliveryHooks,
     what: str,
+    history: HistorySettings = RECORD,
 ) -> list[IdResult]:
     if not items:
         return []
@@ -187,6 +246,8 @@ def _with_results(
         current = read_current(snap, sub.sub_uid, [item[0] for item in items])
         decision = decide(sub.sub_uid, kind, items, current, lease)
         parts = [decision.source]
+        if kind in _RECORDED:  # the history of these outcomes, applied or stale, in the same commit
+            parts.append(hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock())))
         if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too
             parts.append(cascade(sub.sub_uid, decision.source.select(["message_id", "delivery_attempt"]), snap, clock()))
         # Decided after reading the rows: each must apply, or the results would lie (delta-spark).

@@ -178,15 +178,17 @@ class DeltaExporter:
         clock: Callable[[], float],
         storage_options: Mapping[str, str] | None = None,
         batch_size: int | None = None,
+        history: bool = True,
     ) -> None:
         """`pending_dir`: where the pending-batch files live (the job's checkpoint);
-        `batch_size`: messages per batch, 1..1000 (default ``EXPORT_BATCH``)."""
+        `batch_size`: messages per batch, 1..1000 (default ``EXPORT_BATCH``); `history`: record
+        the delivery history of its leases and acks (the job's ``delivery_history``)."""
         from ..subscriber import SubscriberClient
 
         batch_size = EXPORT_BATCH if batch_size is None else batch_size
         if not 1 <= batch_size <= 1000:
             raise ValueError(f"batch_size must be 1..1000, got {batch_size}")
-        self._client = SubscriberClient(engine=engine, clock=clock, allow_http=False)
+        self._client = SubscriberClient(engine=engine, clock=clock, allow_http=False, history=history)
         self._pending = PendingFiles(pending_dir)
         self._storage_options = storage_options
         self._batch_size = batch_size

@@ -69,6 +69,7 @@ from .commit_pacer import CommitPacer
 from .exporter import DeltaExporter, ExportReport, export_budget, export_subscriptions
 from .ledger import Collected
 from .micro_batch import BatchRows, already_committed, app_id_for, batch_rows, checkpoint_for
+from ..delivery.history import HistorySettings
 from .outcome_ledger import HeldOutcomes, OutcomeLedger
 from .pool import PushPool
 from .request_builder import RequestBuilder
@@ -183,6 +184,7 @@ class DeliveryJob:
         self.until_idle = until_idle
         self._drain_limits: tuple[float | None, threading.Event | None] = (None, None)
         self.summary = RunSummary()
+        self.history = HistorySettings(enabled=settings.delivery_history)
         subs = {s.name: s.sub_uid for s in self.registry.subscriptions().values()}
         self.book.restore(self.engine.snapshot(BACKLOG.name).read().to_pylist(), subs)
 
@@ -344,13 +346,15 @@ class DeliveryJob:
             # every batch, the job would otherwise lease nothing for as long as it lasts.
             lease_fanout_limit=None if self._held_leases else FANOUT_LIMIT,
             max_bytes=max(0, self.settings.max_queued_bytes - queued_bytes), oversize_ok=queued_bytes == 0,
+            history=self.history,
         )
 
     def _export(self, exports: Mapping[str, SubscriptionRecord], budget: int) -> tuple[int, int]:
         """Run the Delta export subscriptions (``exporter``); how many messages were appended and acked.
         Their figures and errors go to the job's state for them, so the backlog table shows them."""
         if self._exporter is None:
-            self._exporter = DeltaExporter(self.engine, os.path.join(self.checkpoint, "exports"), clock=self._clock)
+            self._exporter = DeltaExporter(self.engine, os.path.join(self.checkpoint, "exports"), clock=self._clock,
+                                           history=self.settings.delivery_history)
         done: ExportReport = self._exporter.run(exports, budget)
         for uid, out in done.outcomes.items():
             st = self.book.state(uid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Callable, Literal
 from aiohttp import web
 
 from .._server_thread import ServerThread
+from ..errors import InvalidArgument
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +32,26 @@ class LocalEndpoint:
     notebook's cells), ``ep = LocalEndpoint().start()`` ... ``ep.stop()``.
     """
 
-    def __init__(self, status: int = 204, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        status: int = 204,
+        *,
+        clock: Callable[[], float] = time.time,
+        fail_ratio: float = 0.0,
+        fail_status: int = 503,
+        seed: int | None = None,
+    ) -> None:
+        """`fail_ratio` (0..1): the share of pushes answered `fail_status` instead of `status`
+        (a flaky endpoint), drawn at random (`seed` for a repeatable run)."""
+        if isinstance(fail_ratio, bool) or not isinstance(fail_ratio, (int, float)) or not 0.0 <= fail_ratio <= 1.0:
+            raise InvalidArgument("fail_ratio", f"must be a number 0..1, got {fail_ratio!r}")
+        for name, value in (("status", status), ("fail_status", fail_status)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= 599:
+                raise InvalidArgument(name, f"must be an HTTP status 100..599, got {value!r}")
         self.status = status
+        self.fail_ratio = float(fail_ratio)
+        self.fail_status = fail_status
+        self._random = random.Random(seed)
         self._clock = clock
         self._state: Literal["new", "running", "stopped"] = "new"
         self._pushes: list[Push] = []
@@ -58,7 +78,8 @@ class LocalEndpoint:
                     self._clock())
         with self._lock:
             self._pushes.append(push)
-        return web.Response(status=self.status)
+            failed = self.fail_ratio > 0 and self._random.random() < self.fail_ratio
+        return web.Response(status=self.fail_status if failed else self.status)
 
     def start(self) -> "LocalEndpoint":
         """Listen on a free port of 127.0.0.1; returns the endpoint. An endpoint starts once."""

@@ -36,8 +36,14 @@ from .state import Round, SubState, reason_of, safe_endpoint
 log = logging.getLogger("deltabus.deliver")
 
 
+# What a held outcome keeps: its delivery, and what the push got (the delivery history's
+# status and latency, ``delivery/history.for_push``).
+HELD_COLUMNS = ["message_id", "delivery_attempt", "outcome", "status", "error", "latency_seconds"]
+
+
 class HeldOutcomes(NamedTuple):
-    """One subscription's outcomes waiting for a commit: tables of (message_id, delivery_attempt)."""
+    """One subscription's outcomes waiting for a commit: tables of HELD_COLUMNS (message_id,
+    delivery_attempt, then the push's outcome, HTTP status, error class and latency)."""
 
     acks: pa.Table
     nacks: pa.Table
@@ -75,9 +81,9 @@ def round_of(rows: pa.Table) -> tuple[Round, HeldOutcomes]:
     """One subscription's reported outcomes (RESULT_SCHEMA rows) as a backoff/window round,
     and its acks and nacks to merge (every outcome but ``ack`` is a nack)."""
     is_ack = pc.equal(rows["outcome"], ACK)
-    acks = rows.filter(is_ack).select(["message_id", "delivery_attempt"])
+    acks = rows.filter(is_ack).select(HELD_COLUMNS)
     failed = rows.filter(pc.invert(is_ack))
-    nacks = failed.select(["message_id", "delivery_attempt"])
+    nacks = failed.select(HELD_COLUMNS)
     latency = pc.sum(rows["latency_seconds"]).as_py() or 0.0
     expired = int(pc.sum(pc.cast(pc.equal(failed["outcome"], EXPIRED), pa.int64())).as_py() or 0)
     r = Round(acks.num_rows, nacks.num_rows, latency, failure_reasons(failed), last_status(rows), expired)

@@ -15,12 +15,14 @@ from typing import Mapping, Sequence
 
 import pyarrow as pa
 
+from ..delivery import history as hist
 from ..delivery.dead_letter import DeadLetterMover
 from ..delivery.fanout import from_batch
 from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
 from ..delivery.merge import commit
-from ..delivery.model import OutcomeKind
-from ..delivery.outcomes import nack_lease, rows as outcome_rows
+from ..delivery.history import RECORD, HistorySettings
+from ..delivery.model import Op, OutcomeKind
+from ..delivery.outcomes import decide, latest_per_message, nack_lease, read_current, rows as outcome_rows
 from ..delivery.selection import ORDERED_READ_FACTOR, read_candidates, select
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
@@ -72,6 +74,7 @@ def execute(
     lease_fanout_limit: int | None = None,
     max_bytes: int | None = None,
     oversize_ok: bool = False,
+    history: HistorySettings = RECORD,
 ) -> PlanResult:
     """Build and commit the batch's single MERGE. `outcomes`: sub_uid -> (acks, nacks) tables
     of (message_id, delivery_attempt). `batch`: the stream's rows (topic_uid, message_id,
@@ -84,7 +87,12 @@ def execute(
     grants no leases (policy/lease_start.py: such a commit would eat them). `max_bytes`: the
     batch's leases, all subscriptions together, add up to at most this many bytes of
     messages (size_bytes), the subscriptions served in order; `oversize_ok`: the batch's
-    first lease may be larger (the push queue is empty: ``selection.select``)."""
+    first lease may be larger (the push queue is empty: ``selection.select``).
+
+    `history` on: the delivery history of the leases, give-ups, expiries and push outcomes
+    rides in the same MERGE (``delivery/history``), and the outcomes are decided on the
+    snapshot (their current rows read first), so each is recorded as applied or stale and
+    the MERGE must apply exactly those (else it reruns)."""
     parts: list[pa.Table] = []
     txns: list[tuple[str, int]] = []
     result = PlanResult(leased_at=now)
@@ -123,21 +131,64 @@ def execute(
             if key is not None:
                 result.dead_letter_keys[uid] = key
         parts.extend(chosen_parts)
+        parts.extend(hist.for_leases(history, sub.name, chosen_parts, available, to_us(now)))
         if chosen.leases:
             result.leases[uid] = [(lease.message_id, lease.delivery_attempt) for lease in chosen.leases]
             result.lease_expires[uid] = now + plan.lease_length
         result.fanned_out += chosen.inserted
+    names = {**{uid: rec.name for uid, rec in (records or {}).items()}, **{p.sub.sub_uid: p.sub.name for p in plans}}
+    decided = False
     for uid, (acks, nacks) in outcomes.items():
+        policy = hooks.get(uid) or (hooks_for(records[uid]) if records and uid in records else DEFAULT_HOOKS)
+        if history.enabled and (acks.num_rows or nacks.num_rows):
+            parts.extend(_recorded_outcomes(snap, uid, names.get(uid, uid), acks, nacks, policy, now, history))
+            decided = True
+            continue
         if acks.num_rows:
             parts.append(outcome_rows(uid, OutcomeKind.ACK, acks))
         if nacks.num_rows:
-            policy = hooks.get(uid) or (hooks_for(records[uid]) if records and uid in records else DEFAULT_HOOKS)
             lease = nack_lease(policy, nacks, now)
             parts.append(outcome_rows(uid, OutcomeKind.NACK, nacks, lease))
     if not parts and not txns:
         return result
     if batch_txn is not None:
         txns.append(batch_txn)
-    commit(snap, parts, sorted({p.sub.sub_uid for p in plans} | set(outcomes)), txns)
+    exact = frozenset({Op.ACK, Op.NACK}) if decided else frozenset()
+    commit(snap, parts, sorted({p.sub.sub_uid for p in plans} | set(outcomes)), txns, exact=exact)
     result.committed = True
     return result
+
+
+def _refs(table: pa.Table) -> list[tuple[str, int]]:
+    return list(zip(table["message_id"].to_pylist(), table["delivery_attempt"].to_pylist()))
+
+
+def _recorded_outcomes(
+    snap: Snapshot,
+    uid: str,
+    name: str,
+    acks: pa.Table,
+    nacks: pa.Table,
+    policy: DeliveryHooks,
+    now: float,
+    history: HistorySettings,
+) -> list[pa.Table]:
+    """One subscription's push outcomes decided on `snap` (``outcomes.decide``: only those whose
+    delivery is current there apply), with their history rows: applied ones as push_ok or
+    push_failed, the others as stale."""
+    ids = pa.concat_arrays([c for t in (acks, nacks) for c in t["message_id"].chunks]) if acks.num_rows + nacks.num_rows else None
+    current = read_current(snap, uid, ids.to_pylist() if ids is not None else [])
+    out: list[pa.Table] = []
+    applied: list[pa.Array] = []
+    if acks.num_rows:
+        d = decide(uid, OutcomeKind.ACK, _refs(acks), current)
+        out.append(d.source)
+        applied.append(d.source["message_id"].combine_chunks())
+    if nacks.num_rows:
+        refs = _refs(nacks)
+        d = decide(uid, OutcomeKind.NACK, refs, current, nack_lease(policy, latest_per_message(refs), now))
+        out.append(d.source)
+        applied.append(d.source["message_id"].combine_chunks())
+    both = pa.concat_tables([acks, nacks], promote_options="permissive") if acks.num_rows and nacks.num_rows else (acks if acks.num_rows else nacks)
+    out.append(hist.for_push(history, name, both, pa.concat_arrays(applied), to_us(now)))
+    return out

@@ -92,7 +92,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import ackid
-from ..delivery import dead_letter
+from ..delivery import dead_letter, history as hist
+from ..delivery.history import OFF, HistorySettings
 from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 from ..delivery.cursor import pending_range, read_unfanned
 from ..delivery.fanout import MAX_FANOUT_VERSIONS, Fanout, prepare
@@ -100,7 +101,7 @@ from ..delivery.hooks import DeliveryHooks, FanoutFilter, hooks_for
 from ..delivery.merge import commit, new_messages_only
 from ..delivery.operations import DECIDED
 from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
-from ..delivery.outcomes import cascade, decide, nack_lease, read_current, rows
+from ..delivery.outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
 from ..delivery.selection import read_candidates, select
 from ..errors import ClockUncertain, FailedPrecondition, export_pull_refused
@@ -180,12 +181,15 @@ def run_round(
     cache: PayloadCache | None = None,
     early: EarlyAnswers | None = None,
     own: OwnCommits | None = None,
+    history: HistorySettings = OFF,
 ) -> list[Answer]:
     """Run one round for `asks` (arrival order) on `sub`; return each ask's answer. Blocking.
 
     `early`: called (on this thread) with the lease asks' answers when the round commits its
     leases before its outcomes (the module docstring); the returned list has them too.
-    `own`: the messages-table versions this server appended (``fan_out``)."""
+    `own`: the messages-table versions this server appended (``fan_out``). `history` on:
+    the round's leases, acks and nacks are recorded in its commits (``delivery/history``),
+    its outcomes then always decided on the snapshot (as when results are wanted)."""
     uid = sub.sub_uid
     lease_idx = [i for i, a in enumerate(asks) if isinstance(a, LeaseAsk)]
     out_idx = [i for i, a in enumerate(asks) if isinstance(a, OutcomeAsk)]
@@ -211,6 +215,7 @@ def run_round(
     winners = resolve(flat)
     wanted = [a.want_results or (a.results_if_exactly_once and sub.enable_exactly_once_delivery) for a in outcome_asks]
     want = any(wanted)
+    read_first = want or history.enabled  # outcomes read and decided on the snapshot
     lease_secs = [float(sub.ack_deadline_seconds) if a.lease_seconds is None else a.lease_seconds for a in lease_asks]
 
     def fn(snap: Snapshot) -> _Decided:
@@ -236,7 +241,7 @@ def run_round(
                 if len(set(lease_secs)) > 1:
                     ends = {leases[k].message_id: to_us(start + lease_secs[j]) for j, ks in enumerate(assign) for k in ks}
                     chosen_parts = [_reexpire(p, ends) for p in chosen_parts]
-                lease_parts = chosen_parts
+                lease_parts = [*chosen_parts, *hist.for_leases(history, sub.name, chosen_parts, available, to_us(now))]
                 txns.extend(chosen_txns)
                 # (ordering keys: a key held back may leave room while others wait unread)
                 more = len(leases) >= room or fan.end < latest or chosen.given_up > 0 or policy.eligible is not None
@@ -247,8 +252,8 @@ def run_round(
         if winners and new_messages_only(snap, lease_parts, txns):  # the leases first, as an append: why below
             commit(snap, lease_parts, [uid], txns)
             return _Decided(now, leases, assign, None, key, outcomes_left=True, more=more)
-        parts, applied = _outcome_parts(snap, uid, winners, want, now, policy, clock)
-        commit(snap, _merge_cascades(parts + lease_parts), [uid], txns, exact=DECIDED if want else frozenset())
+        parts, applied = _outcome_parts(snap, uid, winners, read_first, now, policy, clock, history, sub.name)
+        commit(snap, _merge_cascades(parts + lease_parts), [uid], txns, exact=DECIDED if read_first else frozenset())
         return _Decided(now, leases, assign, applied, key, more=more)
 
     if not winners and room <= 0:
@@ -279,8 +284,8 @@ def run_round(
             early({i: answers[i] for i in lease_idx})
 
         def outcomes(snap: Snapshot) -> dict[str, bool] | None:
-            parts, applied = _outcome_parts(snap, uid, winners, want, clock(), policy, clock)
-            commit(snap, parts, [uid], exact=DECIDED if want else frozenset())
+            parts, applied = _outcome_parts(snap, uid, winners, read_first, clock(), policy, clock, history, sub.name)
+            commit(snap, parts, [uid], exact=DECIDED if read_first else frozenset())
             return applied
 
         applied = engine.transact(DELIVERIES.name, outcomes, what=f"group commit {sub.name}")
@@ -350,9 +355,12 @@ def _pairs(outcomes: Sequence[Outcome]) -> pa.Table:
 def _outcome_parts(
     snap: Snapshot, uid: str, winners: dict[str, Outcome], want: bool, now: float, policy: DeliveryHooks,
     clock: Callable[[], float],
+    history: HistorySettings = OFF,
+    name: str = "",
 ) -> tuple[list[pa.Table], dict[str, bool] | None]:
     """The round's outcome source rows (one per message) and, when `want`, which applied.
-    `now` was read from `clock`; deadline changes run from ``storage.clock.deadline``."""
+    `now` was read from `clock`; deadline changes run from ``storage.clock.deadline``.
+    `history` on (needs `want`): the acks' and nacks' history rows, applied or stale, come too."""
     applied: dict[str, bool] | None = {} if want else None
     if not winners:
         return [], applied
@@ -369,6 +377,7 @@ def _outcome_parts(
         start = deadline(clock, now, 0.0)
         groups.append((OutcomeKind.DEADLINE, moves, pa.array([to_us(start + float(w.seconds or 0)) for w in moves], pa.int64())))
     parts: dict[OutcomeKind, pa.Table] = {}
+    recorded: list[pa.Table] = []
     for kind, group, lease in groups:
         if current is None:
             parts[kind] = rows(uid, kind, _pairs(group), lease)
@@ -378,6 +387,9 @@ def _outcome_parts(
             for r in d.results:
                 applied[r.message_id] = r.result is Result.SUCCESS
             parts[kind] = d.source
+            if kind in _RECORDED:
+                refs = [(w.message_id, w.delivery_attempt, w.message_version) for w in group]
+                recorded.append(hist.for_outcomes(history, name, latest_per_message(refs), d.source["message_id"], _RECORDED[kind], to_us(now)))
     nacked = parts.get(OutcomeKind.NACK)
     if nacked is not None and nacked.num_rows and policy.eligible is not None:  # ordering: the key's later leases end too
         ended = cascade(uid, nacked.select(["message_id", "delivery_attempt"]), snap, now)
@@ -388,7 +400,10 @@ def _outcome_parts(
         if moved is not None and moved.num_rows and ended.num_rows:  # the extension applied, then the cascade ended it
             parts[OutcomeKind.DEADLINE] = moved.filter(pc.invert(pc.is_in(moved["message_id"], ended["message_id"])))
         parts[OutcomeKind.EXPIRY] = ended  # (key only: CASCADE rows)
-    return [p for p in parts.values() if p.num_rows], applied
+    return [p for p in [*parts.values(), *recorded] if p.num_rows], applied
+
+
+_RECORDED: dict[OutcomeKind, hist.AttemptOutcome] = {OutcomeKind.ACK: hist.ACK, OutcomeKind.NACK: hist.NACK}
 
 
 def _merge_cascades(parts: list[pa.Table]) -> list[pa.Table]:
@@ -479,6 +494,7 @@ class GroupCommits:
         on_use: Callable[[SubscriptionRecord], None] | None = None,
         own: OwnCommits | None = None,
         peers: Callable[[str], frozenset[object]] | None = None,
+        history: HistorySettings = OFF,
     ) -> None:
         """`on_use(record)`: called after each round that committed (the subscription was
         used: ``activity.ActivityRecorder.used``), on the round's thread. `peers(name)`: the
@@ -486,6 +502,7 @@ class GroupCommits:
         messages outstanding); a round with outcomes waits up to PEER_LINGER for each of
         them to queue one (on the event loop)."""
         self._peers = peers
+        self._history = history
         self._arrived: dict[str, asyncio.Event] = {}
         self._cache = cache
         self._own = own
@@ -679,7 +696,7 @@ class GroupCommits:
     def _round(self, subscription: str, asks: list[Ask], early: EarlyAnswers | None = None) -> list[Answer]:
         sub = self._lookup(subscription)
         answers = run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases, cache=self._cache, early=early,
-                            own=self._own)
+                            own=self._own, history=self._history)
         if self._on_use is not None:
             self._on_use(sub)
         return answers

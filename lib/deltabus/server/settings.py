@@ -45,6 +45,7 @@ class ServeSettings:
     allow_http: bool = False  # push endpoints over plain http (as the clients' allow_http)
     threads: int = 16
     grace_seconds: float = 5.0
+    history: bool = True  # record the delivery history (issue 17) of the leases, acks and nacks served
 
     def __post_init__(self) -> None:
         if not isinstance(self.warehouse, str) or not self.warehouse:
@@ -72,6 +73,8 @@ class ServeSettings:
             )
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 1 <= self.threads <= 256:
             raise InvalidArgument("threads", f"must be an integer 1..256, got {self.threads!r}")
+        if not isinstance(self.history, bool):
+            raise InvalidArgument("history", "must be a boolean")
         g = self.grace_seconds
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
             raise InvalidArgument("grace_seconds", f"must be a finite number of seconds >= 0, got {g!r}")

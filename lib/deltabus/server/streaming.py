@@ -90,6 +90,7 @@ from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
 from ..storage.clock import wall
 from . import convert
+from ..delivery.history import HistorySettings
 from .group_commit import GroupCommits
 from .own_commits import OwnCommits
 from .payload_cache import PayloadCache
@@ -142,7 +143,8 @@ class StreamHub:
         self.own_commits = OwnCommits()  # the messages-table versions this server appended: fan-out and the watcher skip reading them
         self.activity = ActivityRecorder(state.registry, wall(state.clock))  # for expiration policies
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
-                                    on_use=self.activity.used, own=self.own_commits, peers=self._busy)
+                                    on_use=self.activity.used, own=self.own_commits, peers=self._busy,
+                                    history=HistorySettings(enabled=state.settings.history))
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
         self.publishes = PublishCommits(state.engine, state.registry, wall(state.clock), executor=self._appends, cache=self.payloads,

@@ -15,11 +15,15 @@ from typing import TYPE_CHECKING
 from ..config import EngineName
 from ..names import DELETED_TOPIC
 from ..subscription_fields import VIEW_COLUMNS
-from ..storage.tables import ALL
+from ..storage.tables import ALL, HISTORY_PREFIX
 from . import table_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
+
+# delivery_health: the outcomes that end an attempt, and those that count as a success.
+_ENDED = "'push_ok', 'push_failed', 'ack', 'nack', 'expired'"
+_SUCCESS = "'push_ok', 'ack'"
 
 VIEWS = {
     "topics": "SELECT name, labels, message_retention_duration, create_time FROM _deltabus_topics",
@@ -41,6 +45,35 @@ VIEWS = {
                     WHEN d.lease_expires > current_timestamp() THEN 'outstanding'
                     ELSE 'expired' END AS state
         FROM _deltabus_deliveries d JOIN _deltabus_subscriptions s ON d.sub_uid = s.sub_uid""",
+    # The delivery history (issue 17, ``delivery/history``): the deliveries table's
+    # ``_attempts-<yyyy-mm-dd>`` partitions. A filter on `date` prunes whole days.
+    "delivery_attempts": f"""
+        SELECT attempt_subscription AS subscription, message_id, delivery_attempt AS attempt,
+               attempt_outcome AS outcome, attempt_status AS status, attempt_latency_ms AS latency_ms,
+               attempt_worker AS worker, attempt_time AS time,
+               to_date(substr(sub_uid, {len(HISTORY_PREFIX) + 1})) AS date
+        FROM _deltabus_deliveries WHERE substr(sub_uid, 1, {len(HISTORY_PREFIX)}) = '{HISTORY_PREFIX}'""",
+    # Per subscription and minute: the attempts that ended (a push answered or failed, a pull's
+    # ack, nack or expiry), how many succeeded (push_ok, ack), and push latency percentiles.
+    "delivery_health": f"""
+        SELECT subscription, date_trunc('MINUTE', time) AS minute,
+               count(*) AS attempts,
+               count_if(outcome IN ({_SUCCESS})) AS successes,
+               count_if(outcome IN ({_SUCCESS})) / count(*) AS success_rate,
+               percentile_approx(latency_ms, 0.5) AS latency_p50_ms,
+               percentile_approx(latency_ms, 0.9) AS latency_p90_ms,
+               percentile_approx(latency_ms, 0.99) AS latency_p99_ms
+        FROM delivery_attempts WHERE outcome IN ({_ENDED})
+        GROUP BY subscription, date_trunc('MINUTE', time)""",
+    # The messages attempted most, per subscription: highest attempt number first.
+    "most_attempted_messages": f"""
+        SELECT subscription, message_id, max(attempt) AS attempts,
+               count_if(outcome IN ({_ENDED}) AND outcome NOT IN ({_SUCCESS})) AS failures,
+               min(time) AS first_time, max(time) AS last_time,
+               max_by(outcome, time) AS last_outcome, max_by(status, time) AS last_status
+        FROM delivery_attempts
+        GROUP BY subscription, message_id
+        ORDER BY attempts DESC, failures DESC, last_time DESC""",
     "backlog": "SELECT * FROM _deltabus_backlog",
     "backlog_history": "SELECT *, num_undelivered_messages + num_outstanding_messages + expired_ack_deadlines AS num_unacked_messages FROM _deltabus_backlog_history",
     # messages: the snapshot's stored unacked messages (those published after it are not counted).

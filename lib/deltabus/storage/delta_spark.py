@@ -207,6 +207,11 @@ class DeltaSparkSnapshot:
         txns = txn_list(app_txn)
         column = self._spec.partition_column
         partitions = source[column].unique().to_pylist() if column and column in source.column_names else None
+        prefix = self._spec.insert_only_prefix
+        if partitions is not None and prefix is not None:
+            # Only inserted into (the delivery history): what others added there since the
+            # snapshot changes nothing this write decided, so they are not claimed.
+            partitions = [p for p in partitions if not str(p).startswith(prefix)]
         self._claim(partitions, [a for a, _ in txns])
         src = self._spark.createDataFrame(source).alias("s")
         builder = DeltaTable.forPath(self._spark, self._uri).alias("t").merge(src, on)

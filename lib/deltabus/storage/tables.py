@@ -58,6 +58,7 @@ __all__ = [
     "SUBSCRIPTIONS",
     "MESSAGES",
     "DELIVERIES",
+    "HISTORY_PREFIX",
     "BACKLOG",
     "BACKLOG_HISTORY",
     "SNAPSHOTS",
@@ -87,6 +88,11 @@ class TableSpec:
     # Seconds of log history the table's readers need (None: Delta's own 30 days); older
     # commit files before the latest checkpoint are deleted (storage/maintenance.py, "Log cleanup").
     log_keep_seconds: float | None = None
+    # Partition values starting with this prefix only ever receive inserts (the deliveries
+    # table's delivery history, ``delivery/history.py``): a write that only inserts there
+    # claims none of them, so writers on different subscriptions adding history to the same
+    # day partition never conflict (delta-spark's snapshot check, ``storage/delta_spark``).
+    insert_only_prefix: str | None = None
     schema: pa.Schema = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -219,6 +225,19 @@ DELIVERIES = TableSpec(
         # belongs to while it is being moved to a dead-letter topic; null otherwise. A
         # marked row is left alone by leases and outcomes until the move drops it.
         (pa.field("dead_letter_key", pa.int64()),),
+        # Version 3 (issue 17, the delivery history): rows in the partitions
+        # ``_attempts-<yyyy-mm-dd>`` (HISTORY_PREFIX; never a sub_uid) record one delivery
+        # event each, written by the same commit that changed the delivery's state
+        # (``delivery/history.py``). Their message_id is the message's and delivery_attempt
+        # the attempt; these columns say the rest. Null on every delivery-state row.
+        (
+            pa.field("attempt_subscription", pa.string()),
+            pa.field("attempt_outcome", pa.string()),
+            pa.field("attempt_status", pa.string()),
+            pa.field("attempt_latency_ms", pa.float64()),
+            pa.field("attempt_worker", pa.string()),
+            pa.field("attempt_time", TS),
+        ),
     ),
     partition_by=("sub_uid",),
     # Small files (~2k rows) in message-id order: a lease or ack MERGE then rewrites only
@@ -228,7 +247,12 @@ DELIVERIES = TableSpec(
     # snapshot (seconds; a delta-spark MERGE under a minute here), and the cursors are
     # application transactions, which checkpoints keep. 15 minutes is ample.
     log_keep_seconds=900.0,
+    insert_only_prefix="_attempts-",
 )
+
+# The deliveries partitions of the delivery history: ``_attempts-<yyyy-mm-dd>``. A sub_uid
+# is plain [a-z0-9] (README "Storage layout"), so no subscription's partition starts so.
+HISTORY_PREFIX = "_attempts-"
 
 _BACKLOG_LAYERS = (
     # Version 1: round 1's layout.

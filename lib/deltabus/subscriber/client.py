@@ -15,6 +15,7 @@ from ..activity import ActivityRecorder
 from ..storage.clock import wall
 from ..watch import LogWatcher
 from ..delivery import dead_letter, operations as delivery
+from ..delivery.history import HistorySettings
 from ..delivery.payloads import fetch_messages, received_messages
 from .._closing import refused_when_closed
 from .._common import ClientBase
@@ -65,9 +66,15 @@ class SubscriberClient(ClientBase):
     what they held, and then refuses every call with ``ClientClosed`` (a RuntimeError).
     """
 
-    def __init__(self, warehouse: str | None = None, *, allow_http: bool | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, warehouse: str | None = None, *, allow_http: bool | None = None, history: bool | None = None, **kwargs: Any
+    ) -> None:
+        """`history`: record the delivery history of this client's pulls, acks and nacks
+        (default: the settings' ``history``, on)."""
         self._closed = False
         super().__init__(warehouse, **kwargs)
+        on = history if history is not None else (self._settings.history if self._settings is not None else True)
+        self._history = HistorySettings(enabled=bool(on))
         if allow_http is not None:
             self._allow_http = bool(allow_http)
         else:  # DELTABUS_ALLOW_HTTP, read only when not given; an unrecognised value is false (as before)
@@ -380,8 +387,10 @@ class SubscriberClient(ClientBase):
             raise FailedPrecondition(f"{rec.name} is a push subscription; pull needs an empty push endpoint")
         if rec.delta_config is not None and not export:
             raise FailedPrecondition(export_pull_refused(rec.name))
-        leases = delivery.pull(self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock,
-                               max_bytes=max_bytes)
+        leases = delivery.pull(
+            self._engine, rec, max_messages=max_messages, lease_seconds=lease_seconds, clock=self._clock, history=self._history,
+            max_bytes=max_bytes,
+        )
         self._used(rec)
         if not leases:
             return []
@@ -465,9 +474,9 @@ class SubscriberClient(ClientBase):
         if mine:
             items = [ref for _, ref in mine]
             if seconds is None:
-                found = delivery.acknowledge_results(self._engine, rec, items)
+                found = delivery.acknowledge_results(self._engine, rec, items, history=self._history, clock=self._clock)
             else:
-                found = delivery.modify_deadline_results(self._engine, rec, items, seconds, clock=self._clock)
+                found = delivery.modify_deadline_results(self._engine, rec, items, seconds, clock=self._clock, history=self._history)
             for (a, _), r in zip(mine, found):
                 out[a] = AcknowledgeStatus.SUCCESS if r.result is Result.SUCCESS else AcknowledgeStatus.INVALID_ACK_ID
         self._used(rec)
@@ -485,12 +494,14 @@ class SubscriberClient(ClientBase):
             )
 
     def _acknowledge(self, rec: SubscriptionRecord, ack_ids: Sequence[str]) -> int:
-        done = delivery.acknowledge(self._engine, rec, self._decode(rec, ack_ids))
+        done = delivery.acknowledge(self._engine, rec, self._decode(rec, ack_ids), history=self._history, clock=self._clock)
         self._used(rec)
         return done
 
     def _modify_deadline(self, rec: SubscriptionRecord, ack_ids: Sequence[str], seconds: int) -> int:
-        done = delivery.modify_deadline(self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock)
+        done = delivery.modify_deadline(
+            self._engine, rec, self._decode(rec, ack_ids), seconds, clock=self._clock, history=self._history
+        )
         self._used(rec)
         return done
 
