@@ -17,7 +17,7 @@ from deltabus.validation import MAX_DATA_BYTES
 
 pytestmark = pytest.mark.spark
 
-MESSAGES = 24
+MESSAGES = 12
 CAP = 25_000_000  # two 10 MB messages fit, a third does not
 
 
@@ -61,7 +61,7 @@ class CountingEndpoint:
 
 
 def test_ten_megabyte_messages_stay_within_the_byte_cap(spark, pub, psub, topic, warehouse):
-    """24 messages of 10 MB with a 25 MB cap: at most two are ever leased and unsettled at
+    """12 messages of 10 MB with a 25 MB cap: at most two are ever leased and unsettled at
     once (the endpoint never holds a third), and every one is pushed and acked. Without the
     cap the push window (3 at first, doubling) holds more at once."""
     with CountingEndpoint(delay=0.3) as ep:
