@@ -1,6 +1,6 @@
 """deltabus benchmarks, side by side with their raw baselines, in one run (not a test).
 
-    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale,engines,server] [--out STEM]
+    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale,engines,server,idle] [--out STEM]
                    [--engine delta-rs|delta-spark] [--master URL]
 
 A full run writes the results of record, bench/results/<date>.json and .png (<date> in
@@ -65,8 +65,9 @@ RESULTS = ROOT / "bench" / "results"
 SECTIONS = ("push", "publish", "pull", "latency", "scale")  # the default run, in the order they run
 # Sections only run when --only names them: "engines" starts a standalone cluster and runs
 # every engine on two masters, which does not fit the default run's 10 minutes; "server"
-# starts deltabus serve and Google's emulator (a JVM) and takes minutes of its own.
-EXTRA_SECTIONS = ("engines", "server")
+# starts deltabus serve and Google's emulator (a JVM) and takes minutes of its own; "idle"
+# (issue 18: an idle push job's CPU) takes a minute.
+EXTRA_SECTIONS = ("engines", "server", "idle")
 ALL_SECTIONS = SECTIONS + EXTRA_SECTIONS
 BenchEngine = Literal["delta-rs", "delta-spark"]  # the engines a push job or puller runs on
 ENGINES: tuple[BenchEngine, ...] = get_args(BenchEngine)
@@ -514,6 +515,46 @@ def latency_stats(published: dict[str, float], seen: dict[str, float]) -> dict[s
             "max_received_s": round(lat[-1], 3) if lat else None, "samples": lat[:: max(1, len(lat) // 500)]}
 
 
+# -- 6. idle: what a push job costs with nothing to do -----------------------------------------
+IDLE_TARGET_CORES = 0.05  # issue 18
+
+
+def idle(subscriptions: int, warmup: float, seconds: float, scratch: Path, target: Target = LOCAL) -> dict[str, Any]:
+    """A push job at the default 0.5 s trigger on a warehouse with `subscriptions` push
+    subscriptions and no messages: after `warmup` seconds, the CPU seconds of the job's whole
+    process tree (spark-submit, JVM, Python workers) over `seconds`, as cores, and the
+    micro-batches it ran meanwhile (from its log)."""
+    wh = tempfile.mkdtemp(prefix="idle-", dir=scratch)
+    pub, sub = _clients(wh)
+    topic = pub.topic_path("bench", "idle")
+    pub.create_topic(name=topic)
+    for i in range(subscriptions):  # an endpoint nobody serves: nothing is ever pushed to it
+        sub.create_subscription(name=sub.subscription_path("bench", f"idle-{i}"), topic=topic,
+                                push_config={"push_endpoint": "http://127.0.0.1:9/idle"})
+    proc = _deliver(wh, until_idle=False, max_seconds=3600, trigger=0.5, target=target)
+
+    def batches() -> int:
+        return sum(1 for line in Path(proc.log_path).read_text(errors="replace").splitlines()  # type: ignore[attr-defined]
+                   if "deltabus.deliver: batch " in line)
+
+    try:
+        deadline = time.time() + warmup + 120
+        while batches() == 0:  # the job is up (its first batch ran)
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the idle job did not start:\n{_job_log(proc)}")
+            time.sleep(0.5)
+        time.sleep(warmup)
+        b0, cpu0, t0 = batches(), _tree_cpu(proc.pid), time.time()
+        time.sleep(seconds)
+        cpu, wall, ran = _tree_cpu(proc.pid) - cpu0, time.time() - t0, batches() - b0
+    finally:
+        _stop(proc)
+    out = {"subscriptions": subscriptions, "seconds": round(wall, 1), "cpu_s": round(cpu, 2), "cores": round(cpu / wall, 4),
+           "batches": ran, "target_cores": IDLE_TARGET_CORES, "target_met": cpu / wall <= IDLE_TARGET_CORES}
+    log(f"idle: {out}")
+    return out
+
+
 # -- 5. scale: cost per message as the backlog grows --------------------------------------------
 def scale(sizes: list[int], skip: int, measure: int, sql: Callable[[str], float], scratch: Path,
           target: Target = LOCAL) -> dict[str, Any]:
@@ -774,9 +815,17 @@ def figure(result: dict[str, Any]) -> Any:
     panels = [name for name, present in (("push", "push" in r), ("publish/pull", "publish" in r or "pull" in r),
                                          ("latency", "latency" in r), ("scale", "scale" in r),
                                          ("engines", "engines" in r), ("server", "server" in r),
-                                         ("server latency", "server" in r)) if present]
+                                         ("server latency", "server" in r), ("idle", "idle" in r)) if present]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 4.2), squeeze=False)
     axes = dict(zip(panels, axes[0]))
+    if "idle" in r:
+        ax = axes["idle"]
+        ax.bar([f"idle push job\n({r['idle']['subscriptions']} subscriptions)"], [r["idle"]["cores"]], color="C0")
+        ax.axhline(r["idle"]["target_cores"], ls="--", color="red", label=f"target {r['idle']['target_cores']} cores")
+        ax.set_title("idle")
+        ax.set_xlabel("job")
+        ax.set_ylabel("CPU cores")
+        ax.legend()
     if "push" in r:
         p = r["push"]
         ax = axes["push"]
@@ -1028,6 +1077,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "scale" in sections:
             r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000], skip=200 if q else 2_000,
                                measure=600 if q else 6_000, sql=spark_sql_timer(), scratch=scratch, target=target)
+        if "idle" in sections:
+            r["idle"] = idle(subscriptions=10, warmup=10 if q else 20, seconds=10 if q else 30, scratch=scratch, target=target)
         if "engines" in sections:
             # Smaller than the push and latency sections: 4 jobs (2 on a cluster) in ~10 minutes on 2 cores.
             r["engines"] = engines(push_n=2_000 if q else 10_000, warm_n=1_000 if q else 3_000, rates=ENGINE_LATENCY_RATE,
