@@ -237,6 +237,10 @@ class DeliveryJob:
             report.skipped = True
             log.info(report.line())
             return report
+        # The watched tables' versions before this batch reads anything (policy.idle_wake): a
+        # commit landing while the batch runs (a subscription made push, a seek) must wake the
+        # next trigger, so an idle hint never names a version this batch did not see.
+        watched = {t: self.engine.version(t) for t in WATCHED} if self.idle_hint is not None and batch_id is not None else None
         report.acked, report.nacked = self.book.fold(self._collect(wait=batch_id is None))
         queued = self._pool.queued() if self._pool is not None else 0
         if not self.pacer.commit_now(self._clock(), settled=report.acked + report.nacked, queued=queued, forced=batch_id is None):
@@ -285,16 +289,16 @@ class DeliveryJob:
         report.backlog = self.backlog.total
         self.idle = quiet and self.backlog.nothing_left
         if batch_id is not None:
-            self._hint(self.idle)
+            self._hint(self.idle, watched)
         return self._finish(report, started)
 
-    def _hint(self, idle: bool) -> None:
-        """Leave the idle hint after an idle batch (the watched tables' versions now), and
-        clear it after any other (``policy.idle_wake``)."""
+    def _hint(self, idle: bool, versions: Mapping[str, int] | None) -> None:
+        """Leave the idle hint after an idle batch (the watched tables' `versions` as of the
+        batch's start: anything committed since wakes the next trigger), and clear it after
+        any other (``policy.idle_wake``)."""
         if self.idle_hint is None:
             return
-        if idle:
-            versions = {t: self.engine.version(t) for t in WATCHED}
+        if idle and versions is not None:
             idle_hint.write(self.idle_hint, IdleHint(versions, wall(self._clock)(), IDLE_RECHECK))
             self._hinted = True
         elif self._hinted:
