@@ -262,8 +262,10 @@ def select(
             available, attempts = available.filter(pc.invert(stop)), attempts.filter(pc.invert(stop))
     available, attempts = available.slice(0, room), attempts.slice(0, room)
     spent = 0
+    bytes_ended = False  # a redelivery did not fit: no fresh message may go ahead of it
     if max_bytes is not None:
         fits = _within_bytes(available["size_bytes"], max_bytes, oversize_ok)
+        bytes_ended = fits < available.num_rows
         available, attempts = available.slice(0, fits), attempts.slice(0, fits)
         spent = int(pc.sum(pc.fill_null(available["size_bytes"], 0)).as_py() or 0)
     n = available.num_rows
@@ -274,7 +276,7 @@ def select(
         for m, a, v in zip(available["message_id"].to_pylist(), attempts.to_pylist(), available["message_version"].to_pylist())
     ]
     if fresh.num_rows:
-        f, k = fresh.num_rows, min(room - n, fresh.num_rows)
+        f, k = fresh.num_rows, (0 if bytes_ended else min(room - n, fresh.num_rows))
         if max_bytes is not None and k > 0:  # the fresh ones leased (in order) fit what is left
             sizes = fresh["size_bytes"] if fresh_ok is None else fresh["size_bytes"].filter(pa.array(fresh_ok, pa.bool_()))
             k = min(k, _within_bytes(sizes.slice(0, k), max_bytes - spent, oversize_ok and n == 0))
