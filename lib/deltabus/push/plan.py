@@ -179,16 +179,16 @@ def _recorded_outcomes(
     ids = pa.concat_arrays([c for t in (acks, nacks) for c in t["message_id"].chunks]) if acks.num_rows + nacks.num_rows else None
     current = read_current(snap, uid, ids.to_pylist() if ids is not None else [])
     out: list[pa.Table] = []
-    applied: list[pa.Array] = []
+    applied: list[pa.Table] = []
     if acks.num_rows:
         d = decide(uid, OutcomeKind.ACK, _refs(acks), current)
         out.append(d.source)
-        applied.append(d.source["message_id"].combine_chunks())
+        applied.append(d.source.select(["message_id", "delivery_attempt"]))
     if nacks.num_rows:
         refs = _refs(nacks)
         d = decide(uid, OutcomeKind.NACK, refs, current, nack_lease(policy, latest_per_message(refs), now))
         out.append(d.source)
-        applied.append(d.source["message_id"].combine_chunks())
+        applied.append(d.source.select(["message_id", "delivery_attempt"]))
     both = pa.concat_tables([acks, nacks], promote_options="permissive") if acks.num_rows and nacks.num_rows else (acks if acks.num_rows else nacks)
-    out.append(hist.for_push(history, name, both, pa.concat_arrays(applied), to_us(now)))
+    out.append(hist.for_push(history, name, both, pa.concat_tables(applied), to_us(now)))
     return out
