@@ -159,7 +159,7 @@ def test_a_redelivery_that_does_not_fit_ends_the_leasing_for_fresh_messages_too(
     due = sized(available(("big", 3, 1)), [1_000])
     new = sized(fresh(("c", 7), ("d", 8)), [10, 10])
     got = select("s1", due, new, 10, EXPIRES, max_bytes=500)
-    assert got.leases == [] and got.leased_bytes == 0
+    assert got.leases == [] and got.leased_bytes == 0 and got.bytes_blocked
     assert ops(got.parts) == [("insert", "c", 0, None), ("insert", "d", 0, None)]  # fanned out, not leased
     got = select("s1", due, new, 10, EXPIRES, max_bytes=1_010)  # it fits: then the fresh ones, as far as they fit
     assert [l.message_id for l in got.leases] == ["big", "c"] and got.leased_bytes == 1_010

@@ -165,6 +165,9 @@ class DeliveryJob:
         self.pacer = CommitPacer(pacing, clock())
         self.commit_times = CommitTimes()  # how long this job's commits take: leases start after them
         self._held_leases = False  # the last commit leased nothing to fan a backlog out first
+        # The push subscription whose next lease did not fit the byte cap last time: served first
+        # (plan.PlanResult.bytes_blocked), so the bytes freed go to it before any other.
+        self._bytes_first: str | None = None
         self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=wall(clock))  # tokens: iat/exp
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
@@ -253,6 +256,9 @@ class DeliveryJob:
         # Outcomes of subscriptions deleted or detached meanwhile have nothing left to merge into.
         merging = self.book.take_held(s.sub_uid for s in records.values() if not s.detached)
         subs = self.push_subscriptions(records)
+        if self._bytes_first in subs:
+            first = self._bytes_first
+            subs = {first: subs[first], **{u: r for u, r in subs.items() if u != first}}
         report.push_subscriptions = len(subs)
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
         by_uid = {rec.sub_uid: rec for rec in records.values()}
@@ -264,6 +270,7 @@ class DeliveryJob:
             DELIVERIES.name, lambda snap: self._plan(snap, subs, merging, rows, budget, batch_id, by_uid, movers),
             what=f"push batch {batch_id}",
         )
+        self._bytes_first = result.bytes_blocked
         if result.committed:
             self.commit_times.add(time.monotonic() - began)
             self._held_leases = result.held_leases
