@@ -228,3 +228,41 @@ def test_push_history_matches_what_the_endpoints_answered(spark, pub, psub, topi
         dead = outcomes("hist-dead")
         assert {o for _, _, o, *_ in dead} <= {"lease", "push_failed", "expired"} and any(o == "push_failed" for _, _, o, *_ in dead)
         assert {s for _, _, o, s, _ in dead if o == "push_failed"} == {"connection refused"}
+
+
+def test_push_outcomes_of_two_attempts_of_one_message_in_one_commit_are_told_apart(warehouse, pub, topic, subscription) -> None:
+    """Held outcomes pile up over paced commits, and an assignment given up on still reports
+    late: one commit can carry an answer for attempt 1 (stale: the message was leased
+    again) and one for attempt 2. Only the current attempt's may be recorded as applied:
+    matching on the message id alone recorded the late ack as push_ok while the message,
+    nacked by its current attempt, stayed unacked."""
+    from deltabus.push import plan
+
+    engine = open_engine(warehouse)
+    clock = ManualClock(time.time())
+    rec = Registry(engine, clock=clock).subscription(subscription)
+    (m,) = pub.publish_batch(topic, [{"data": b"m"}])
+    ops.pull(engine, rec, max_messages=1, lease_seconds=10, clock=clock)
+    clock.advance(11)
+    assert [(l.message_id, l.delivery_attempt) for l in ops.pull(engine, rec, max_messages=1, lease_seconds=10, clock=clock)] == [(m, 2)]
+
+    def table(rows):  # type: ignore[no-untyped-def]
+        return pa.table({
+            "message_id": pa.array([r[0] for r in rows], pa.string()),
+            "delivery_attempt": pa.array([r[1] for r in rows], pa.int32()),
+            "outcome": pa.array([r[2] for r in rows], pa.string()),
+            "status": pa.array([r[3] for r in rows], pa.int32()),
+            "error": pa.array([""] * len(rows), pa.string()),
+            "latency_seconds": pa.array([0.01] * len(rows), pa.float64()),
+        })
+
+    outcomes = {rec.sub_uid: (table([(m, 1, "ack", 204)]), table([(m, 2, "nack", 503)]))}
+    empty = pa.table({"topic_uid": pa.array([], pa.string())})
+    v = engine.version("messages")
+    engine.transact("deliveries", lambda snap: plan.execute(
+        engine, snap, [plan.SubPlan(rec, 0, lease_seconds=10.0)], outcomes, empty, v, v, now=clock(), batch_txn=None),
+        what="push round")
+    left = engine.snapshot("deliveries").read(["message_id"], partition=rec.sub_uid)["message_id"].to_pylist()
+    assert left == [m]  # the nack of the current attempt applied; the late ack did not
+    ends = sorted((a, o, s) for mid, a, o, s in rows_of(engine) if o not in ("lease", "expired"))
+    assert ends == [(1, "stale", "push_ok http 204"), (2, "push_failed", "http 503")]

@@ -150,3 +150,16 @@ def test_max_bytes_counts_missing_sizes_as_zero_and_respects_room() -> None:
     due = sized(available(("a", 3, 1), ("b", 4, 1), ("c", 5, 1)), [None, 5, 5])
     got = select("s1", due, fresh(), 2, EXPIRES, max_bytes=100)
     assert [l.message_id for l in got.leases] == ["a", "b"] and got.leased_bytes == 5
+
+
+def test_a_redelivery_that_does_not_fit_ends_the_leasing_for_fresh_messages_too() -> None:
+    """The first candidate that does not fit ends the leasing, redeliveries included: else
+    fresh messages take the room left every batch, and under a saturated byte cap a large
+    redelivery (or one whose earlier push failed) would wait behind them forever."""
+    due = sized(available(("big", 3, 1)), [1_000])
+    new = sized(fresh(("c", 7), ("d", 8)), [10, 10])
+    got = select("s1", due, new, 10, EXPIRES, max_bytes=500)
+    assert got.leases == [] and got.leased_bytes == 0 and got.bytes_blocked
+    assert ops(got.parts) == [("insert", "c", 0, None), ("insert", "d", 0, None)]  # fanned out, not leased
+    got = select("s1", due, new, 10, EXPIRES, max_bytes=1_010)  # it fits: then the fresh ones, as far as they fit
+    assert [l.message_id for l in got.leases] == ["big", "c"] and got.leased_bytes == 1_010

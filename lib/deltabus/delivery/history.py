@@ -238,12 +238,23 @@ def push_status(outcomes: pa.Table) -> pa.Array:
     return got
 
 
+def _delivery_keys(table: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """One key per (message_id, delivery_attempt) row: an attempt is all digits, so the last
+    separator splits a key unambiguously."""
+    attempt = pc.fill_null(table["delivery_attempt"].cast(pa.string()), "")
+    got: pa.Array | pa.ChunkedArray = pc.binary_join_element_wise(table["message_id"].cast(pa.string()), attempt, "#")
+    return got
+
+
 def for_push(
-    settings: HistorySettings, subscription: str, outcomes: pa.Table, applied: pa.Array | pa.ChunkedArray, now_us: int
+    settings: HistorySettings, subscription: str, outcomes: pa.Table, applied: pa.Table, now_us: int
 ) -> pa.Table:
     """History of push outcomes (OUTCOME_SCHEMA columns: message_id, delivery_attempt,
-    outcome, status, error, latency_seconds): ``push_ok`` / ``push_failed`` for the ids in
-    `applied`, ``stale`` (status ``push_ok http 200``, ``push_failed http 503``...) for the others."""
+    outcome, status, error, latency_seconds): ``push_ok`` / ``push_failed`` for the deliveries
+    in `applied` (message_id, delivery_attempt: the source rows that apply), ``stale`` (status
+    ``push_ok http 200``, ``push_failed http 503``...) for the others. Matched by message AND
+    attempt: one commit may hold a late answer for an earlier attempt of a message next to
+    the current attempt's (held outcomes pile up over paced commits)."""
     if not settings.enabled or outcomes.num_rows == 0:
         return SOURCE_SCHEMA.empty_table()
     n = outcomes.num_rows
@@ -254,7 +265,7 @@ def for_push(
     is_ok = pc.equal(outcomes["outcome"], "ack")
     kind = pc.if_else(is_ok, pa.scalar(PUSH_OK, pa.string()), pa.scalar(PUSH_FAILED, pa.string()))
     status = push_status(outcomes)
-    fresh = pc.is_in(outcomes["message_id"], applied)
+    fresh = pc.is_in(_delivery_keys(outcomes), _delivery_keys(applied))
     final = pc.if_else(fresh, kind, pa.scalar(STALE, pa.string()))
     final_status = pc.if_else(fresh, status, pc.binary_join_element_wise(kind, status, " "))
     latency = pc.multiply(outcomes["latency_seconds"].cast(pa.float64()), 1000.0)

@@ -194,6 +194,7 @@ class Selection(NamedTuple):
     inserted: int  # new messages fanned out (leased or not)
     given_up: int  # candidates that reached the attempt limit
     leased_bytes: int = 0  # the leased messages' size_bytes, summed (``select``'s `max_bytes`)
+    bytes_blocked: bool = False  # a candidate the room allowed did not fit `max_bytes`: leasing ended there
 
 
 def _repeat_ts(value_us: int, n: int) -> pa.Array:
@@ -262,8 +263,10 @@ def select(
             available, attempts = available.filter(pc.invert(stop)), attempts.filter(pc.invert(stop))
     available, attempts = available.slice(0, room), attempts.slice(0, room)
     spent = 0
+    bytes_ended = False  # a redelivery did not fit: no fresh message may go ahead of it
     if max_bytes is not None:
         fits = _within_bytes(available["size_bytes"], max_bytes, oversize_ok)
+        bytes_ended = fits < available.num_rows
         available, attempts = available.slice(0, fits), attempts.slice(0, fits)
         spent = int(pc.sum(pc.fill_null(available["size_bytes"], 0)).as_py() or 0)
     n = available.num_rows
@@ -274,10 +277,12 @@ def select(
         for m, a, v in zip(available["message_id"].to_pylist(), attempts.to_pylist(), available["message_version"].to_pylist())
     ]
     if fresh.num_rows:
-        f, k = fresh.num_rows, min(room - n, fresh.num_rows)
+        f, k = fresh.num_rows, (0 if bytes_ended else min(room - n, fresh.num_rows))
         if max_bytes is not None and k > 0:  # the fresh ones leased (in order) fit what is left
             sizes = fresh["size_bytes"] if fresh_ok is None else fresh["size_bytes"].filter(pa.array(fresh_ok, pa.bool_()))
-            k = min(k, _within_bytes(sizes.slice(0, k), max_bytes - spent, oversize_ok and n == 0))
+            fit = _within_bytes(sizes.slice(0, k), max_bytes - spent, oversize_ok and n == 0)
+            bytes_ended = bytes_ended or fit < min(k, len(sizes))
+            k = min(k, fit)
         if fresh_ok is None:  # the first k are leased (built in bulk: a batch may hold 100k rows)
             new_attempts = pa.concat_arrays([pa.repeat(pa.scalar(1, pa.int32()), k), pa.repeat(pa.scalar(0, pa.int32()), f - k)])
             new_expires = pa.concat_arrays([_repeat_ts(expires_us, k), pa.nulls(f - k, TS)])
@@ -291,4 +296,4 @@ def select(
         leases.extend(Lease(m, 1, v) for m, v in zip(leased["message_id"].to_pylist(), leased["message_version"].to_pylist()))
         if max_bytes is not None:
             spent += int(pc.sum(pc.fill_null(leased["size_bytes"], 0)).as_py() or 0)
-    return Selection(parts, leases, fresh.num_rows, given_up, spent)
+    return Selection(parts, leases, fresh.num_rows, given_up, spent, bytes_ended)

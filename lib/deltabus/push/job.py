@@ -165,6 +165,9 @@ class DeliveryJob:
         self.pacer = CommitPacer(pacing, clock())
         self.commit_times = CommitTimes()  # how long this job's commits take: leases start after them
         self._held_leases = False  # the last commit leased nothing to fan a backlog out first
+        # The push subscription whose next lease did not fit the byte cap last time: served first
+        # (plan.PlanResult.bytes_blocked), so the bytes freed go to it before any other.
+        self._bytes_first: str | None = None
         self.requests = RequestBuilder(self.engine, keys_path=settings.keys_path, issuer=settings.issuer, clock=wall(clock))  # tokens: iat/exp
         self.backlog = BacklogRefresher(self.engine, self.registry.subscriptions, interval=settings.backlog_interval, clock=clock)
         self.targets = PushTargets(allow_http=settings.allow_http)
@@ -237,6 +240,10 @@ class DeliveryJob:
             report.skipped = True
             log.info(report.line())
             return report
+        # The watched tables' versions before this batch reads anything (policy.idle_wake): a
+        # commit landing while the batch runs (a subscription made push, a seek) must wake the
+        # next trigger, so an idle hint never names a version this batch did not see.
+        watched = {t: self.engine.version(t) for t in WATCHED} if self.idle_hint is not None and batch_id is not None else None
         report.acked, report.nacked = self.book.fold(self._collect(wait=batch_id is None))
         queued = self._pool.queued() if self._pool is not None else 0
         if not self.pacer.commit_now(self._clock(), settled=report.acked + report.nacked, queued=queued, forced=batch_id is None):
@@ -249,6 +256,9 @@ class DeliveryJob:
         # Outcomes of subscriptions deleted or detached meanwhile have nothing left to merge into.
         merging = self.book.take_held(s.sub_uid for s in records.values() if not s.detached)
         subs = self.push_subscriptions(records)
+        if self._bytes_first in subs:
+            first = self._bytes_first
+            subs = {first: subs[first], **{u: r for u, r in subs.items() if u != first}}
         report.push_subscriptions = len(subs)
         budget = self.settings.max_pushes_per_batch if batch_id is not None else 0
         by_uid = {rec.sub_uid: rec for rec in records.values()}
@@ -260,6 +270,7 @@ class DeliveryJob:
             DELIVERIES.name, lambda snap: self._plan(snap, subs, merging, rows, budget, batch_id, by_uid, movers),
             what=f"push batch {batch_id}",
         )
+        self._bytes_first = result.bytes_blocked
         if result.committed:
             self.commit_times.add(time.monotonic() - began)
             self._held_leases = result.held_leases
@@ -285,16 +296,16 @@ class DeliveryJob:
         report.backlog = self.backlog.total
         self.idle = quiet and self.backlog.nothing_left
         if batch_id is not None:
-            self._hint(self.idle)
+            self._hint(self.idle, watched)
         return self._finish(report, started)
 
-    def _hint(self, idle: bool) -> None:
-        """Leave the idle hint after an idle batch (the watched tables' versions now), and
-        clear it after any other (``policy.idle_wake``)."""
+    def _hint(self, idle: bool, versions: Mapping[str, int] | None) -> None:
+        """Leave the idle hint after an idle batch (the watched tables' `versions` as of the
+        batch's start: anything committed since wakes the next trigger), and clear it after
+        any other (``policy.idle_wake``)."""
         if self.idle_hint is None:
             return
-        if idle:
-            versions = {t: self.engine.version(t) for t in WATCHED}
+        if idle and versions is not None:
             idle_hint.write(self.idle_hint, IdleHint(versions, wall(self._clock)(), IDLE_RECHECK))
             self._hinted = True
         elif self._hinted:

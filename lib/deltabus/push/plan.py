@@ -57,6 +57,10 @@ class PlanResult:
     lease_expires: dict[str, float] = field(default_factory=dict)  # sub_uid -> when its new leases end
     dead_letter_keys: dict[str, int] = field(default_factory=dict)  # sub_uid -> key of the move marked in this commit
     held_leases: bool = False  # fanned out over `lease_fanout_limit` rows, so leased nothing
+    # The first subscription that leased nothing because its next message did not fit
+    # `max_bytes`; the ones after it got no bytes (so the freed bytes add up for it; the job
+    # serves it first next time).
+    bytes_blocked: str | None = None
 
 
 def execute(
@@ -86,8 +90,11 @@ def execute(
     get its retry delay. A batch fanning out more than `lease_fanout_limit` rows in all
     grants no leases (policy/lease_start.py: such a commit would eat them). `max_bytes`: the
     batch's leases, all subscriptions together, add up to at most this many bytes of
-    messages (size_bytes), the subscriptions served in order; `oversize_ok`: the batch's
-    first lease may be larger (the push queue is empty: ``selection.select``).
+    messages (size_bytes), the subscriptions served in order; once one leases nothing because
+    its next message does not fit, the ones after it get no bytes (``PlanResult.bytes_blocked``: the job serves it
+    first next time, so bytes freed meanwhile are its, and a large message is not starved by
+    smaller ones of other subscriptions); `oversize_ok`: the batch's first lease may be
+    larger (the push queue is empty: ``selection.select``).
 
     `history` on: the delivery history of the leases, give-ups, expiries and push outcomes
     rides in the same MERGE (``delivery/history``), and the outcomes are decided on the
@@ -124,6 +131,10 @@ def execute(
                         max_bytes=bytes_left, oversize_ok=oversize_ok and not result.leases)
         if bytes_left is not None:
             bytes_left = max(0, bytes_left - chosen.leased_bytes)
+            if chosen.bytes_blocked and not chosen.leases:  # its next message waits for bytes: none go past it
+                bytes_left = 0
+                if result.bytes_blocked is None:
+                    result.bytes_blocked = uid
         chosen_parts = chosen.parts
         if chosen.given_up and plan.dead_letter is not None:  # marked in this MERGE; the job finishes the move after it
             chosen_parts, dl_txns, key = plan.dead_letter.mark(snap, chosen_parts, [])
@@ -179,16 +190,16 @@ def _recorded_outcomes(
     ids = pa.concat_arrays([c for t in (acks, nacks) for c in t["message_id"].chunks]) if acks.num_rows + nacks.num_rows else None
     current = read_current(snap, uid, ids.to_pylist() if ids is not None else [])
     out: list[pa.Table] = []
-    applied: list[pa.Array] = []
+    applied: list[pa.Table] = []
     if acks.num_rows:
         d = decide(uid, OutcomeKind.ACK, _refs(acks), current)
         out.append(d.source)
-        applied.append(d.source["message_id"].combine_chunks())
+        applied.append(d.source.select(["message_id", "delivery_attempt"]))
     if nacks.num_rows:
         refs = _refs(nacks)
         d = decide(uid, OutcomeKind.NACK, refs, current, nack_lease(policy, latest_per_message(refs), now))
         out.append(d.source)
-        applied.append(d.source["message_id"].combine_chunks())
+        applied.append(d.source.select(["message_id", "delivery_attempt"]))
     both = pa.concat_tables([acks, nacks], promote_options="permissive") if acks.num_rows and nacks.num_rows else (acks if acks.num_rows else nacks)
-    out.append(hist.for_push(history, name, both, pa.concat_arrays(applied), to_us(now)))
+    out.append(hist.for_push(history, name, both, pa.concat_tables(applied), to_us(now)))
     return out
