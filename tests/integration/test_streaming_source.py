@@ -229,6 +229,7 @@ def test_a_batch_failing_after_a_completed_one_is_nacked_by_the_listener(spark, 
         ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "pullWaitSeconds": "nan"}, "pullWaitSeconds"),
         ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "leaseSeconds": "nan"}, "leaseSeconds"),
         ({"warehouse": "s3://b/w", "subscription": "projects/p/subscriptions/sss"}, "warehouse"),
+        ({"warehouse": "W", "subscription": "projects/p/subscriptions/sss", "deliveryHistory": "maybe"}, "deliveryHistory"),
     ],
 )
 def test_bad_options_name_the_option_and_the_rule(options, field):
@@ -394,6 +395,32 @@ def test_restart_orders_replay_the_same_rows_and_never_emit_a_message_twice(pub,
     assert five == four and not c.ledger.unsettled
     c.stop()
     assert sub.get_backlog(s).num_unacked_messages == 0
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_the_delivery_history_option_records_the_streams_leases_and_acks_or_nothing(pub, sub, topic, warehouse, recorded):
+    from deltabus.delivery import history
+    from deltabus.spark.streaming import _Runtime
+    from deltabus.storage import open_engine
+
+    s = sub.subscription_path("local", f"history-{str(recorded).lower()}")
+    sub.create_subscription(name=s, topic=topic)
+    published = pub.publish_batch(topic, [{"data": f"h{i}".encode()} for i in range(5)])
+    opts = StreamOptions.from_options({"warehouse": warehouse, "subscription": s, "pullWaitSeconds": "0",
+                                       "deliveryHistory": str(recorded).lower()})
+    rt = _Runtime(opts)
+    one = rt.latest()
+    rt.partitions(rt.offset(0), one)
+    rt.commit(one)
+    rt.latest()  # planning the next batch acks the committed one
+    rt.stop()
+    assert sub.get_backlog(s).num_unacked_messages == 0
+    rows = history.read(open_engine(warehouse, engine="delta-rs").snapshot("deliveries"), s)
+    outcomes = sorted((r["message_id"], r["outcome"]) for r in rows.to_pylist())
+    if recorded:
+        assert outcomes == sorted([(m, "lease") for m in published] + [(m, "ack") for m in published])
+    else:
+        assert outcomes == []
 
 
 def test_one_running_query_per_consumer_and_a_run_taken_over_stops(pub, sub, topic, warehouse):

@@ -129,7 +129,7 @@ def _float_option(options: Mapping[str, str], name: str, default: float, lo: flo
 
 
 OPTION_NAMES = ("warehouse", "subscription", "consumer", "maxMessagesPerTrigger", "leaseSeconds", "maxLeaseDuration",
-                "pullWaitSeconds", "rowsPerPartition", "ownerTimeout", "path")
+                "pullWaitSeconds", "rowsPerPartition", "ownerTimeout", "deliveryHistory", "path")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +148,8 @@ class StreamOptions:
     rows_per_partition: int = 5000
     owner_timeout: float = 10.0
     storage_options: tuple[tuple[str, str], ...] = ()
+    # Record the delivery history of this stream's leases, acks and nacks (README "Delivery history").
+    delivery_history: bool = True
 
     def __post_init__(self) -> None:
         from ..names import parse_subscription
@@ -191,6 +193,9 @@ class StreamOptions:
             raise InvalidArgument(unknown[0], f"is not an option of the deltabus source ({hint}options: "
                                               f"{', '.join(o for o in OPTION_NAMES if o != 'path')}, storage.<key>)")
         lease = lower.get("leaseseconds")
+        raw_history = str(lower.get("deliveryhistory", "true")).strip().lower()
+        if raw_history not in ("true", "false"):
+            raise InvalidArgument("deliveryHistory", f"must be true or false, got {lower.get('deliveryhistory')!r}")
         return cls(
             warehouse=str(lower.get("warehouse") or lower.get("path") or ""),
             subscription=str(lower.get("subscription") or ""),
@@ -202,6 +207,7 @@ class StreamOptions:
             rows_per_partition=_named_int(lower, "rowsperpartition", "rowsPerPartition", 1, 1_000_000, 5000),
             owner_timeout=_named_float(lower, "ownertimeout", "ownerTimeout", 10.0, 3, 600),
             storage_options=tuple(sorted((k.removeprefix("storage."), str(v)) for k, v in lower.items() if k.startswith("storage."))),
+            delivery_history=raw_history == "true",
         )
 
     @property
@@ -333,7 +339,10 @@ class _Runtime:
         from ..storage import open_engine
         from ..storage.clock import StorageClock, resolve_clock, wall
 
+        from ..delivery.history import OFF, RECORD
+
         self.opts = opts
+        self.history = RECORD if opts.delivery_history else OFF
         self.clock = resolve_clock(None, None)
         self.engine = open_engine(opts.warehouse, engine="delta-rs", storage_options=dict(opts.storage_options) or None, create=False)
         if isinstance(self.clock, StorageClock):
@@ -559,7 +568,7 @@ class _Runtime:
         while remaining > 0:
             want = min(remaining, MAX_PULL)
             try:
-                leases = pull(self.engine, rec, max_messages=want, lease_seconds=lease, clock=self.clock)
+                leases = pull(self.engine, rec, max_messages=want, lease_seconds=lease, clock=self.clock, history=self.history)
             except ClockUncertain as e:
                 log.warning("stream %s: no lease this trigger: %s", rec.name, e)
                 if not emitted:
@@ -573,7 +582,7 @@ class _Runtime:
                 self.ack_ids[key] = ackid.encode(rec.sub_uid, l.message_id, l.delivery_attempt, l.message_version)
             if split.ack_now:
                 refs = [(leases[i].message_id, leases[i].delivery_attempt, leases[i].message_version) for i in split.ack_now]
-                results = acknowledge_results(self.engine, rec, refs)
+                results = acknowledge_results(self.engine, rec, refs, history=self.history)
                 # Only those acked leave `unsettled`: one whose ack did not apply comes back, and stays out then too.
                 settled = {keys[i] for i, r in zip(split.ack_now, results) if r.result is Result.SUCCESS}
                 unsettled = {k: t for k, t in self.ledger.unsettled.items() if k not in settled}
@@ -657,7 +666,7 @@ class _Runtime:
         if refs:
             log.warning("stream %s: %d messages of batches %s of an older checkpoint handed back", self.opts.subscription,
                         len(refs), list(batches))
-            modify_deadline_results(self.engine, self.record(), refs, 0, clock=self.clock)
+            modify_deadline_results(self.engine, self.record(), refs, 0, clock=self.clock, history=self.history)
 
     def _remove_manifest(self, n: int) -> None:
         """Under the owner's guard: batch numbers are only reused by a ledger's owner, so a
@@ -685,7 +694,7 @@ class _Runtime:
             for key in keys:
                 d = ackid.decode(self.ack_ids[key])
                 refs.append((d.message_id, d.delivery_attempt, d.message_version))
-            results = acknowledge_results(self.engine, rec, refs) if refs else []
+            results = acknowledge_results(self.engine, rec, refs, history=self.history) if refs else []
             failed = [keys[i] for i, r in enumerate(results) if r.result is not Result.SUCCESS]
             if failed:
                 log.info("stream %s: %d acks of batch %d did not apply (kept out of later batches)", rec.name, len(failed), n)
@@ -723,7 +732,7 @@ class _Runtime:
                     for a in ids:
                         d = ackid.decode(a)
                         refs.append((d.message_id, d.delivery_attempt, d.message_version))
-                    modify_deadline_results(self.engine, rec, refs, lease, clock=self.clock)
+                    modify_deadline_results(self.engine, rec, refs, lease, clock=self.clock, history=self.history)
             except Exception:  # the next pass tries again; a lapsed lease is absorbed when re-pulled
                 log.exception("stream %s: lease extension failed", self.opts.subscription)
                 due = time.monotonic() + 1.0
