@@ -215,12 +215,20 @@ def for_outcomes(
     now_us: int,
     *,
     status: str | None = None,
+    known: pa.Array | pa.ChunkedArray | None = None,
 ) -> pa.Table:
     """History of client outcomes (ack or nack) on `requested` (message_id, delivery_attempt;
     one row per message): `outcome` for the ids in `applied` (the ones the commit applies,
-    decided on its snapshot), ``stale`` with status `outcome` for the others."""
+    decided on its snapshot), ``stale`` with status `outcome` for the others. `known`: the
+    messages with a row in the subscription's partition on that snapshot; an answer naming a
+    message without one (acked already, or never delivered: any id a client makes up) is not
+    recorded, as Pub/Sub ignores it, so it writes nothing at all (the server's fuzz test)."""
     if not settings.enabled or requested.num_rows == 0:
         return SOURCE_SCHEMA.empty_table()
+    if known is not None:
+        requested = requested.filter(pc.is_in(requested["message_id"], known))
+        if requested.num_rows == 0:
+            return SOURCE_SCHEMA.empty_table()
     ok = pc.is_in(requested["message_id"], applied)
     kinds = pc.if_else(ok, pa.scalar(outcome, pa.string()), pa.scalar(STALE, pa.string()))
     stat = pc.if_else(ok, pa.scalar(status, pa.string()), pa.scalar(outcome if status is None else f"{outcome} {status}", pa.string()))

@@ -179,7 +179,8 @@ def _decided(
     parts = [decision.source]
     if kind is OutcomeKind.NACK and policy is not None and policy.eligible is not None:
         parts.append(cascade(sub.sub_uid, decision.source.select(["message_id", "delivery_attempt"]), snap, clock()))
-    parts.append(hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock())))
+    parts.append(hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock()),
+                                   known=current["message_id"]))
     commit(snap, parts, [sub.sub_uid], exact=DECIDED)
     return int(decision.source.num_rows)
 
@@ -247,7 +248,8 @@ def _with_results(
         decision = decide(sub.sub_uid, kind, items, current, lease)
         parts = [decision.source]
         if kind in _RECORDED:  # the history of these outcomes, applied or stale, in the same commit
-            parts.append(hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock())))
+            parts.append(hist.for_outcomes(history, sub.name, keyed, decision.source["message_id"], _RECORDED[kind], to_us(clock()),
+                                           known=current["message_id"]))
         if kind is OutcomeKind.NACK and policy.eligible is not None:  # ordering: the key's later leases end too
             parts.append(cascade(sub.sub_uid, decision.source.select(["message_id", "delivery_attempt"]), snap, clock()))
         # Decided after reading the rows: each must apply, or the results would lie (delta-spark).

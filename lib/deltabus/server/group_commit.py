@@ -389,7 +389,8 @@ def _outcome_parts(
             parts[kind] = d.source
             if kind in _RECORDED:
                 refs = [(w.message_id, w.delivery_attempt, w.message_version) for w in group]
-                recorded.append(hist.for_outcomes(history, name, latest_per_message(refs), d.source["message_id"], _RECORDED[kind], to_us(now)))
+                recorded.append(hist.for_outcomes(history, name, latest_per_message(refs), d.source["message_id"], _RECORDED[kind], to_us(now),
+                                                  known=current["message_id"]))
     nacked = parts.get(OutcomeKind.NACK)
     if nacked is not None and nacked.num_rows and policy.eligible is not None:  # ordering: the key's later leases end too
         ended = cascade(uid, nacked.select(["message_id", "delivery_attempt"]), snap, now)
