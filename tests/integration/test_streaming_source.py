@@ -300,7 +300,12 @@ def _sigkill_scenario(pub, sub, topic, warehouse, tmp_path):
             while time.time() < deadline and len(_sink_rows(sink)) == before and worker.poll() is None:
                 time.sleep(0.05)  # until this run has written a batch: kill while batches flow
             assert worker.poll() is None, f"{replay}\n{log_path.read_text()[-3000:]}"
-            time.sleep(rng.uniform(0.0, 2.5))  # somewhere in the next batches: pull, manifest, offset log, sink, ack
+            # Somewhere in the next batches (pull, manifest, offset log, sink, ack), but while at
+            # least two triggers' worth (250 each, the worker's) are left: a fast run had landed
+            # every row before its second kill (CI, seed 1795775375137732542).
+            until = time.time() + rng.uniform(0.0, 2.5)
+            while time.time() < until and len(_sink_rows(sink)) < len(published) - 2 * 250:
+                time.sleep(0.05)
         finally:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(30)
