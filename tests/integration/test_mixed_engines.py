@@ -296,3 +296,22 @@ def test_delta_spark_and_delta_rs_pullers_split_one_subscription(pub, sub, topic
     assert sorted(granted) == sorted(published)
     check_leases([mine, theirs], LONG_DEADLINE)
     assert sub.get_backlog(s).num_unacked_messages == 0
+
+
+def test_the_delta_spark_engine_records_no_delivery_history_yet(pub, sub, topic, warehouse, lean_delta):
+    """History is off on delta-spark (README "Delivery history"): with it on, the test above
+    left a batch of ten leases granted to no one. Asked for explicitly, it is refused."""
+    from deltabus.errors import InvalidArgument
+
+    requires_delta(lean_delta)
+    subscription = sub.subscription_path("local", "no-history")
+    sub.create_subscription(name=subscription, topic=topic)
+    pub.publish_batch(topic, [{"data": b"x"}])
+    engine = open_engine(warehouse, engine="delta-spark", spark=lean_delta, create=False)
+    with pytest.raises(InvalidArgument) as e:
+        SubscriberClient(engine=engine, history=True)
+    assert e.value.field == "history" and "delta-spark" in e.value.rule
+    client = SubscriberClient(engine=engine)
+    client.pull(subscription=subscription, max_messages=5, return_immediately=True)
+    rows = open_engine(warehouse, engine="delta-rs").snapshot("deliveries").read(["sub_uid"])
+    assert not [u for u in rows["sub_uid"].to_pylist() if u.startswith("_attempts-")]
