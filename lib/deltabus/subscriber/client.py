@@ -66,6 +66,23 @@ class SubscriberClient(ClientBase):
     what they held, and then refuses every call with ``ClientClosed`` (a RuntimeError).
     """
 
+    _history_settings: HistorySettings
+    _history_asked: bool
+
+
+    @property
+    def _history(self) -> HistorySettings:
+        """The history settings of this client's writes: off on the delta-spark engine, not
+        yet recorded there (README "Delivery history", "Engines"); asked for explicitly there,
+        refused. Read at the first write, as the warehouse may open only then."""
+        h = self._history_settings
+        if h.enabled and self._engine.name == "delta-spark":
+            if self._history_asked:
+                raise InvalidArgument("history", "the delta-spark engine does not record the delivery history yet; "
+                                                 "use the delta-rs engine, or history=False")
+            h = self._history_settings = HistorySettings(enabled=False)
+        return h
+
     def __init__(
         self, warehouse: str | None = None, *, allow_http: bool | None = None, history: bool | None = None, **kwargs: Any
     ) -> None:
@@ -74,12 +91,8 @@ class SubscriberClient(ClientBase):
         self._closed = False
         super().__init__(warehouse, **kwargs)
         on = history if history is not None else (self._settings.history if self._settings is not None else True)
-        if self._engine.name == "delta-spark":  # not yet: see README "Delivery history", "Engines"
-            if history:
-                raise InvalidArgument("history", "the delta-spark engine does not record the delivery history yet; "
-                                                 "use the delta-rs engine, or history=False")
-            on = False
-        self._history = HistorySettings(enabled=bool(on))
+        self._history_asked = bool(history)  # asked for explicitly: refused on delta-spark (_history)
+        self._history_settings = HistorySettings(enabled=bool(on))
         if allow_http is not None:
             self._allow_http = bool(allow_http)
         else:  # DELTABUS_ALLOW_HTTP, read only when not given; an unrecognised value is false (as before)
