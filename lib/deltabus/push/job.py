@@ -368,7 +368,7 @@ class DeliveryJob:
         Their figures and errors go to the job's state for them, so the backlog table shows them."""
         if self._exporter is None:
             self._exporter = DeltaExporter(self.engine, os.path.join(self.checkpoint, "exports"), clock=self._clock,
-                                           history=self.settings.delivery_history)
+                                           history=self.history.enabled)  # (off on delta-spark: see __init__)
         done: ExportReport = self._exporter.run(exports, budget)
         for uid, out in done.outcomes.items():
             st = self.book.state(uid)
