@@ -303,6 +303,27 @@ def test_a_lease_decided_on_an_attempt_that_moved_on_is_not_granted(engine):
     assert by_id["m2"]["delivery_attempt"] == 0 and by_id["m2"]["lease_expires"] is None
 
 
+def test_the_leases_of_a_raced_decision_that_did_apply_are_found(engine):
+    """A decision of which only some leases applied (another writer leased the rest after its
+    snapshot) is committed all the same: ``applied_leases`` names the ones it holds, so a pull
+    hands those out rather than leaving them to expire unused, and never the refused ones."""
+    from deltabus.delivery.merge import LeasesRaced, applied_leases, commit, source_rows
+    from deltabus.delivery.model import Op
+
+    uid = "sr"
+    engine.snapshot("deliveries").merge(rows(uid, ["m1", "m2", "m3"]), on(uid), INSERT)
+    theirs = pa.array([1_800_000_000_000_000], TS)
+    commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, rows(uid, ["m2"]), pa.array([1], pa.int32()), theirs)], [uid])
+    mine = pa.array([1_900_000_000_000_000] * 3, TS)
+    decided = source_rows(Op.LEASE, uid, rows(uid, ["m1", "m2", "m3"]), pa.array([1, 1, 1], pa.int32()), mine)
+    with pytest.raises(LeasesRaced, match="1 of 3 leases") as raced:
+        commit(engine.snapshot("deliveries"), [decided], [uid])
+    assert applied_leases(engine.snapshot("deliveries"), raced.value) == {(uid, "m1"), (uid, "m3")}
+    # A lease counted on an attempt that moved on again (acked, or leased anew) is not ours either.
+    commit(engine.snapshot("deliveries"), [source_rows(Op.ACK, uid, rows(uid, ["m3"]), pa.array([1], pa.int32()), pa.nulls(1, TS))], [uid])
+    assert applied_leases(engine.snapshot("deliveries"), raced.value) == {(uid, "m1")}
+
+
 def test_merge_counts_carry_one_set_of_names_and_registry_updates_find_their_rows(engine):
     """Callers count acks, deadline changes and registry updates by the MERGE's counts: every
     engine names them alike. (Under delta-spark's own names an update counted 0, and

@@ -315,3 +315,100 @@ def test_the_delta_spark_engine_records_no_delivery_history_yet(pub, sub, topic,
     client.pull(subscription=subscription, max_messages=5, return_immediately=True)
     rows = open_engine(warehouse, engine="delta-rs").snapshot("deliveries").read(["sub_uid"])
     assert not [u for u in rows["sub_uid"].to_pylist() if u.startswith("_attempts-")]
+
+
+THEIRS = 4_000_000_000_000_000  # µs: the racing writer's lease_expires
+
+
+def _three_due(pub: Any, sub: Any, topic: str, warehouse: str, name: str) -> tuple[str, list[str], Any, str]:
+    """A subscription whose three messages are each at attempt 1 and due now (leased once by a
+    delta-rs pull, then nacked): (its name, the message ids, a delta-rs engine, its sub_uid)."""
+    from tests.conftest import delivery_state
+
+    s = sub.subscription_path("local", name)
+    sub.create_subscription(name=s, topic=topic, ack_deadline_seconds=LONG_DEADLINE)
+    published = pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(3)])
+    first = sub.pull(subscription=s, max_messages=3, return_immediately=True).received_messages
+    assert len(first) == 3
+    sub.modify_ack_deadline(subscription=s, ack_ids=[r.ack_id for r in first], ack_deadline_seconds=0)
+    rs = open_engine(warehouse, engine="delta-rs")
+    rows = delivery_state(rs.snapshot("deliveries").read(columns=["sub_uid"]))
+    return s, published, rs, rows["sub_uid"][0].as_py()
+
+
+def _race_once(monkeypatch: Any, rs: Any, uid: str, taken: str) -> list[bool]:
+    """Make another writer (delta-rs) lease `taken` at attempt 2 in delta-spark's window between
+    its snapshot check (``_claim``) and its MERGE's own read, once; the returned list fills then."""
+    from deltabus.delivery.merge import commit, source_rows
+    from deltabus.delivery.model import Op
+    from deltabus.storage.delta_spark import DeltaSparkSnapshot
+    from deltabus.timestamps import TS
+
+    claim = DeltaSparkSnapshot._claim
+    raced: list[bool] = []
+
+    def claim_then_lose_one(self: DeltaSparkSnapshot, *args: Any, **kwargs: Any) -> Any:
+        out = claim(self, *args, **kwargs)
+        if not raced and self._spec.name == "deliveries":
+            raced.append(True)
+            lease = source_rows(Op.LEASE, uid, pa.table({"message_id": [taken]}), pa.array([2], pa.int32()), pa.array([THEIRS], TS))
+            commit(rs.snapshot("deliveries"), [lease], [uid])
+        return out
+
+    monkeypatch.setattr(DeltaSparkSnapshot, "_claim", claim_then_lose_one)
+    return raced
+
+
+def _held_by_the_other(rs: Any, taken: str) -> bool:
+    import pyarrow.compute as pc
+
+    from deltabus.timestamps import TS
+    from tests.conftest import delivery_state
+
+    now = delivery_state(rs.snapshot("deliveries").read(columns=["sub_uid", "message_id", "delivery_attempt", "lease_expires"]))
+    row = now.filter(pc.equal(now["message_id"], taken)).to_pylist()[0]
+    return bool(row["delivery_attempt"] == 2 and row["lease_expires"] == pa.array([THEIRS], TS).to_pylist()[0])
+
+
+def test_a_delta_spark_pull_that_raced_hands_out_the_leases_that_applied(pub, sub, topic, warehouse, lean_delta, monkeypatch):
+    """The race the split test above met now and then, made to happen: another writer leases one
+    of three messages in delta-spark's window between its snapshot check and its MERGE's own
+    read. The MERGE's lease compare-and-set refuses that row and grants the other two; the pull
+    hands out those two (``merge.applied_leases``), not nothing. Before, it reran, found nothing
+    left to lease, and the two sat leased to no one for a whole ack deadline."""
+    requires_delta(lean_delta)
+    s, published, rs, uid = _three_due(pub, sub, topic, warehouse, "raced")
+    taken = published[1]
+    raced = _race_once(monkeypatch, rs, uid, taken)
+    spark_client = SubscriberClient(engine=open_engine(warehouse, engine="delta-spark", spark=lean_delta, create=False))
+    got = spark_client.pull(subscription=s, max_messages=3, return_immediately=True).received_messages
+    assert raced
+    assert sorted(r.message.message_id for r in got) == sorted(m for m in published if m != taken)
+    assert {r.delivery_attempt for r in got} == {2}
+    assert _held_by_the_other(rs, taken)  # its lease stands
+    spark_client.acknowledge(subscription=s, ack_ids=[r.ack_id for r in got])
+    assert sub.get_backlog(s).num_unacked_messages == 1  # the other writer's, which nobody here holds
+
+
+def test_a_delta_spark_push_batch_that_raced_pushes_the_leases_that_applied(pub, sub, topic, warehouse, lean_delta, monkeypatch):
+    """The same race met by the push job's batch MERGE (``push.plan.execute``): the batch is
+    committed, so a rerun would find nothing left to lease; it pushes the two leases that
+    applied, and not the one the other writer holds."""
+    from deltabus.push import plan
+    from deltabus.registry import Registry
+
+    requires_delta(lean_delta)
+    s, published, rs, uid = _three_due(pub, sub, topic, warehouse, "raced-push")
+    taken = published[0]
+    raced = _race_once(monkeypatch, rs, uid, taken)
+    engine = open_engine(warehouse, engine="delta-spark", spark=lean_delta, create=False)
+    record = Registry(engine, clock=time.time).subscriptions()[s]
+    v = engine.version("messages")
+    empty = pa.table({"topic_uid": pa.array([], pa.string())})
+    result = engine.transact("deliveries", lambda snap: plan.execute(
+        engine, snap, [plan.SubPlan(record, 10, lease_seconds=60.0)], {}, empty, v, v, now=time.time(), batch_txn=None),
+        what="push batch")
+    assert raced and result.committed
+    assert sorted(m for m, _ in result.leases[uid]) == sorted(published[1:])
+    assert {a for _, a in result.leases[uid]} == {2}
+    assert _held_by_the_other(rs, taken)

@@ -335,14 +335,55 @@ def commit(
     # GIVE_UP rows update too (they mark), and so do CASCADE rows beside leases (an expired
     # head's followers), all decided on the same snapshot as the leases. On delta-spark a
     # CASCADE (or mark) refused because its row was acked in the window before the MERGE's
-    # read also reruns the decision although every lease applied: those leases then expire
-    # unused (a key held for one lease length, one attempt counted). Accepted, as for marks:
-    # the check cannot tell which rows were refused. delta-rs merges exactly its snapshot.
+    # read makes the counts fall short although every lease applied: the read-back below
+    # then finds them all (callers that rerun instead let them expire unused: a key held for
+    # one lease length, one attempt counted). delta-rs merges exactly its snapshot.
     marks = pc.sum(pc.is_in(source["op"], pa.array([Op.GIVE_UP.value, Op.CASCADE.value]))).as_py() or 0
     if leases and metrics.get("num_target_rows_updated", leases + marks) < leases + marks:
-        # The lease compare-and-set refused some rows: another writer leased them after our
-        # snapshot (delta-spark's window before its MERGE reads). Which ones is unknown, so
-        # none of this decision's leases may be handed out: rerun it. The leases that did
-        # apply expire unused and those messages come back.
-        raise WriteRaced(f"{leases - metrics.get('num_target_rows_updated', 0)} of {leases} leases were taken by another writer first")
+        # The lease compare-and-set (or a mark, or a cascade) refused some rows: another writer
+        # moved them after our snapshot (delta-spark's window before its MERGE reads). The
+        # counts cannot say which; ``applied_leases`` reads it back, so the caller hands out
+        # the leases that did apply instead of leaving them to expire unused.
+        decided = source.filter(pc.equal(source["op"], Op.LEASE.value)).select(list(LEASE_KEY))
+        raise LeasesRaced(f"{leases + marks - metrics.get('num_target_rows_updated', 0)} of {leases + marks} leases or marks"
+                          " were refused: another writer came first", decided)
     return metrics
+
+
+# What identifies a lease once written: a lease sets delivery_attempt by compare-and-set, so of
+# two writers that decided one row only one applies, and the lease_expires it wrote (a
+# microsecond timestamp of its own "now") tells which one did.
+LEASE_KEY = ("sub_uid", "message_id", "delivery_attempt", "lease_expires")
+
+
+class LeasesRaced(WriteRaced):
+    """A committed MERGE granted fewer leases (or marks) than decided. `decided`: the lease rows
+    (``LEASE_KEY``). Callers that can hand out part of a decision pass it to
+    ``applied_leases``; the others let ``transact`` rerun, as for any ``WriteRaced``, and the
+    leases that did apply then expire unused (those messages come back a lease later)."""
+
+    def __init__(self, message: str, decided: pa.Table) -> None:
+        super().__init__(message)
+        self.decided = decided
+
+
+def applied_leases(latest: Snapshot, raced: LeasesRaced) -> frozenset[tuple[str, str]]:
+    """The (sub_uid, message_id) of `raced`'s leases that the table holds as written, read on
+    `latest` (a snapshot taken after the commit). Nobody else can have moved such a row since:
+    its ack ids are not handed out yet and its lease runs. The other writer's lease of the same
+    attempt has its own lease_expires; both equal would take two decisions in one microsecond,
+    and the cost of that is a duplicate delivery, never a lost one."""
+    won: set[tuple[str, str]] = set()
+    decided = raced.decided
+    for uid in pc.unique(decided["sub_uid"]).to_pylist():
+        mine = decided.filter(pc.equal(decided["sub_uid"], uid))
+        held = read_by_ids(latest, mine["message_id"], ["message_id", "delivery_attempt", "lease_expires"], partition=uid)
+        now = set(zip(*_lease_values(held)))
+        won |= {(uid, m) for m, a, e in zip(*_lease_values(mine)) if (m, a, e) in now}
+    return frozenset(won)
+
+
+def _lease_values(rows: pa.Table) -> tuple[list[str], list[int], list[int]]:
+    # Compared as plain values: a read may give string_view ids and another timestamp type.
+    return (rows["message_id"].cast(pa.string()).to_pylist(), rows["delivery_attempt"].cast(pa.int64()).to_pylist(),
+            rows["lease_expires"].cast(TS).cast(pa.int64()).to_pylist())

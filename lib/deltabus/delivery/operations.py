@@ -25,7 +25,7 @@ from .cursor import IDLE_CURSOR_LAG, cursor_app_id
 from .fanout import from_change_feed
 from .hooks import DeliveryHooks, hooks_for, require_attached
 from .history import HistorySettings, RECORD
-from .merge import commit
+from .merge import LeasesRaced, applied_leases, commit
 from .model import Op
 from .model import DeliveryRef, IdResult, Lease, OutcomeKind
 from .outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
@@ -73,7 +73,16 @@ def pull(
             parts, txns, key = dead.mark(snap, parts, txns)
         # The history of these leases, give-ups and expiries rides in the same commit.
         parts = [*parts, *hist.for_leases(history, sub.name, parts, available, to_us(now))]
-        commit(snap, parts, [uid], txns)
+        try:
+            commit(snap, parts, [uid], txns)
+        except LeasesRaced as raced:
+            # (delta-spark) Committed, but another writer leased some rows first: hand out the
+            # leases that applied, so they do not sit unused for a whole ack deadline (the
+            # mixed-engine split test measured such a batch). None applied: rerun.
+            won = applied_leases(engine.snapshot(DELIVERIES.name), raced)
+            if not won:
+                raise
+            return [lease for lease in chosen.leases if (uid, lease.message_id) in won], key
         return chosen.leases, key
 
     leases, key = engine.transact(DELIVERIES.name, fn, what=f"pull {sub.name}")

@@ -19,13 +19,14 @@ from ..delivery import history as hist
 from ..delivery.dead_letter import DeadLetterMover
 from ..delivery.fanout import from_batch
 from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
-from ..delivery.merge import commit
+from ..delivery.merge import LeasesRaced, applied_leases, commit
 from ..delivery.history import RECORD, HistorySettings
 from ..delivery.model import Op, OutcomeKind
 from ..delivery.outcomes import decide, latest_per_message, nack_lease, read_current, rows as outcome_rows
 from ..delivery.selection import ORDERED_READ_FACTOR, read_candidates, select
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
+from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
 
 
@@ -165,7 +166,14 @@ def execute(
     if batch_txn is not None:
         txns.append(batch_txn)
     exact = frozenset({Op.ACK, Op.NACK}) if decided else frozenset()
-    commit(snap, parts, sorted({p.sub.sub_uid for p in plans} | set(outcomes)), txns, exact=exact)
+    try:
+        commit(snap, parts, sorted({p.sub.sub_uid for p in plans} | set(outcomes)), txns, exact=exact)
+    except LeasesRaced as raced:
+        # (delta-spark) Committed, with some leases refused: push the ones that applied. A
+        # rerun would find the batch's transaction recorded and hand out nothing.
+        won = applied_leases(engine.snapshot(DELIVERIES.name), raced)
+        result.leases = {uid: kept for uid, items in result.leases.items() if (kept := [i for i in items if (uid, i[0]) in won])}
+        result.lease_expires = {uid: t for uid, t in result.lease_expires.items() if uid in result.leases}
     result.committed = True
     return result
 
