@@ -115,15 +115,58 @@ def test_quick_partial_run_writes_its_own_files_and_leaves_no_scratch_behind(tmp
     assert _snapshot(RESULTS) == before
 
 
-RECORD = RESULTS / "2026-11-22.json"  # the committed results of record, read only
+def _record() -> dict:
+    """The newest committed full results of record, read only."""
+    from bench.table import newest_record
+
+    return json.loads(newest_record().read_text())
+
+
+def test_the_results_of_record_measure_every_section_in_one_run():
+    """Issue 18: one run measures every row of its table (latency at both rates, pull by 1, 2
+    and 4 processes, the backlog up to 10M, the idle job)."""
+    r = _record()["results"]
+    assert set(SECTIONS) <= set(r) and "latency_5000" in r
+    assert {f"processes_{n}_msgs_per_s" for n in (1, 2, 4)} <= set(r["pull"])
+    assert list(r["scale"]["sizes"])[-1] == "10000000"
+
+
+def test_the_readme_table_is_the_rendering_of_the_results_of_record():
+    """The README's benchmark table is regenerated from the JSON (``bench/table.py --write``),
+    never typed by hand."""
+    from bench.table import README, block, render_record
+
+    assert block(README.read_text()) == render_record()
+
+
+def test_the_table_says_met_not_met_and_not_measured():
+    from bench.table import render
+
+    base = {"date": "2026-11-27T00:00:00+00:00", "machine": {"cpus": 2}, "seconds": 600}
+    now = {**base, "results": {"push": {"ratio_warm": 0.8, "ratio_cold": 0.59}, "idle": {"cores": 0.05},
+                               "pull": {"processes_1_msgs_per_s": 100.0, "processes_2_msgs_per_s": 171.0}}}
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in render(now, {**base, "results": {}}, "x").splitlines() if line.startswith("| ")}
+    assert lines["push, warm (window open), × bare aiohttp → same endpoint"].endswith("| 0.80× | yes |")
+    assert lines["push, cold (20,000 backlog, job just started, slow start kept), × bare aiohttp"].endswith("| 0.59× | no |")
+    assert lines["CPU of an idle push job (no messages, 10 push subscriptions)"].endswith("| 0.050 cores | yes |")
+    assert lines["pull + ack, 2 processes on one subscription vs 1"].endswith("| 1.71× | yes |")
+    assert lines["pull + ack, 4 processes vs 1"].endswith("| not measured | not measured |")
+    assert "| not measured | ≥ 0.8× |" in lines["push, warm (window open), × bare aiohttp → same endpoint"]  # round 1 absent
+
+
+def test_the_readme_markers_are_required():
+    from bench.table import replace_block
+
+    with pytest.raises(ValueError, match="markers"):
+        replace_block("no markers here", "| table |")
 
 
 @pytest.mark.parametrize("sections", [SECTIONS, *[(s,) for s in SECTIONS], ("publish", "pull"), ("push", "scale")], ids="+".join)
 def test_chart_has_a_labelled_panel_per_section_that_ran(sections):
     import matplotlib.pyplot as plt
 
-    record = json.loads(RECORD.read_text())
-    result = {**record, "results": {k: v for k, v in record["results"].items() if k in sections}}
+    record = _record()
+    result = {**record, "results": {k: v for k, v in record["results"].items() if k in sections or k.startswith("latency") and "latency" in sections}}
     fig = figure(result)
     try:
         panels = {"publish" if s == "pull" else s for s in sections}  # publish and pull share a panel
@@ -222,7 +265,7 @@ def test_engines_table_has_a_row_per_engine_and_master_and_pull_per_engine():
 def test_chart_has_an_engines_panel_of_the_runs_that_worked():
     import matplotlib.pyplot as plt
 
-    record = json.loads(RECORD.read_text())
+    record = _record()
     fig = figure({**record, "results": {"engines": ENGINES_RESULT}})
     try:
         (ax,) = fig.axes
