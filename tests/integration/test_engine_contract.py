@@ -294,7 +294,7 @@ def test_a_lease_decided_on_an_attempt_that_moved_on_is_not_granted(engine):
     commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, decided, pa.array([1], pa.int32()), first)], [uid])
     # The second writer's decision, committed on a fresh snapshot as if no check had caught it:
     # the row is refused, and the writer learns it (a conflict, so its pull reruns).
-    with pytest.raises(WriteRaced, match="1 of 1 leases"):
+    with pytest.raises(WriteRaced, match="num_target_rows_updated 0 < 1"):
         commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, decided, pa.array([1], pa.int32()), second)], [uid])
     got = engine.snapshot("deliveries").read(columns=["message_id", "delivery_attempt", "lease_expires"], partition=uid)
     by_id = {r["message_id"]: r for r in got.to_pylist()}
@@ -316,12 +316,41 @@ def test_the_leases_of_a_raced_decision_that_did_apply_are_found(engine):
     commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, rows(uid, ["m2"]), pa.array([1], pa.int32()), theirs)], [uid])
     mine = pa.array([1_900_000_000_000_000] * 3, TS)
     decided = source_rows(Op.LEASE, uid, rows(uid, ["m1", "m2", "m3"]), pa.array([1, 1, 1], pa.int32()), mine)
-    with pytest.raises(LeasesRaced, match="1 of 3 leases") as raced:
+    with pytest.raises(LeasesRaced, match="num_target_rows_updated 2 < 3") as raced:
         commit(engine.snapshot("deliveries"), [decided], [uid])
     assert applied_leases(engine.snapshot("deliveries"), raced.value) == {(uid, "m1"), (uid, "m3")}
     # A lease counted on an attempt that moved on again (acked, or leased anew) is not ours either.
     commit(engine.snapshot("deliveries"), [source_rows(Op.ACK, uid, rows(uid, ["m3"]), pa.array([1], pa.int32()), pa.nulls(1, TS))], [uid])
     assert applied_leases(engine.snapshot("deliveries"), raced.value) == {(uid, "m1")}
+
+
+def test_a_refused_lease_is_not_hidden_by_an_outcome_that_applied(engine):
+    """Each kind of row is counted on its own: a refused lease beside a nack that applied (both
+    updates) still makes the commit fall short, so the refused lease is never handed out, and
+    neither is the lease of a new message whose insert found the row already there."""
+    from deltabus.delivery.merge import NACKED_US, LeasesRaced, applied_leases, commit, source_rows
+    from deltabus.delivery.model import Op
+
+    uid = "sn"
+    engine.snapshot("deliveries").merge(rows(uid, ["m1", "m2", "m3"]), on(uid), INSERT)
+    ts = lambda us: pa.array([us], TS)  # noqa: E731
+    one = pa.array([1], pa.int32())
+    commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, rows(uid, ["m3"]), one, ts(1_700_000_000_000_000))], [uid])
+    commit(engine.snapshot("deliveries"), [source_rows(Op.LEASE, uid, rows(uid, ["m2"]), one, ts(1_800_000_000_000_000))], [uid])
+    mine = 1_900_000_000_000_000
+    decided = [
+        source_rows(Op.LEASE, uid, rows(uid, ["m1", "m2"]), pa.array([1, 1], pa.int32()), pa.array([mine, mine], TS)),
+        source_rows(Op.NACK, uid, rows(uid, ["m3"]), one, ts(NACKED_US)),  # applies: the count of updates stays 2
+        source_rows(Op.INSERT, uid, rows(uid, ["m4"]), one, ts(mine)),  # a new message, leased as it is fanned out
+    ]
+    with pytest.raises(LeasesRaced, match="num_target_rows_updated 2 < 3") as raced:
+        commit(engine.snapshot("deliveries"), decided, [uid])
+    assert applied_leases(engine.snapshot("deliveries"), raced.value) == {(uid, "m1"), (uid, "m4")}
+    # Another writer fanned m5 out first: our insert of it is skipped, and its lease is not ours.
+    engine.snapshot("deliveries").merge(rows(uid, ["m5"]), on(uid), INSERT)
+    with pytest.raises(LeasesRaced, match="num_target_rows_inserted 0 < 1") as raced:
+        commit(engine.snapshot("deliveries"), [source_rows(Op.INSERT, uid, rows(uid, ["m5"]), one, ts(mine))], [uid])
+    assert applied_leases(engine.snapshot("deliveries"), raced.value) == frozenset()
 
 
 def test_merge_counts_carry_one_set_of_names_and_registry_updates_find_their_rows(engine):

@@ -359,6 +359,12 @@ def _race_once(monkeypatch: Any, rs: Any, uid: str, taken: str) -> list[bool]:
     return raced
 
 
+def operations_applied(*args: Any) -> Any:
+    from deltabus.delivery.merge import applied_leases
+
+    return applied_leases(*args)
+
+
 def _held_by_the_other(rs: Any, taken: str) -> bool:
     import pyarrow.compute as pc
 
@@ -376,15 +382,20 @@ def test_a_delta_spark_pull_that_raced_hands_out_the_leases_that_applied(pub, su
     read. The MERGE's lease compare-and-set refuses that row and grants the other two; the pull
     hands out those two (``merge.applied_leases``), not nothing. Before, it reran, found nothing
     left to lease, and the two sat leased to no one for a whole ack deadline."""
+    from deltabus.delivery import operations
+
     requires_delta(lean_delta)
     s, published, rs, uid = _three_due(pub, sub, topic, warehouse, "raced")
+    fresh = pub.publish_batch(topic, [{"data": b"new"}] * 2)  # fanned out and leased in the same MERGE
     taken = published[1]
     raced = _race_once(monkeypatch, rs, uid, taken)
+    read_back = []
+    monkeypatch.setattr(operations, "applied_leases", lambda *a: read_back.append(operations_applied(*a)) or read_back[-1])
     spark_client = SubscriberClient(engine=open_engine(warehouse, engine="delta-spark", spark=lean_delta, create=False))
-    got = spark_client.pull(subscription=s, max_messages=3, return_immediately=True).received_messages
-    assert raced
-    assert sorted(r.message.message_id for r in got) == sorted(m for m in published if m != taken)
-    assert {r.delivery_attempt for r in got} == {2}
+    got = spark_client.pull(subscription=s, max_messages=5, return_immediately=True).received_messages
+    assert raced and len(read_back) == 1  # the race met this pull's own MERGE
+    assert sorted(r.message.message_id for r in got) == sorted([m for m in published if m != taken] + fresh)
+    assert sorted(r.delivery_attempt for r in got) == [1, 1, 2, 2]
     assert _held_by_the_other(rs, taken)  # its lease stands
     spark_client.acknowledge(subscription=s, ack_ids=[r.ack_id for r in got])
     assert sub.get_backlog(s).num_unacked_messages == 1  # the other writer's, which nobody here holds
@@ -401,6 +412,8 @@ def test_a_delta_spark_push_batch_that_raced_pushes_the_leases_that_applied(pub,
     s, published, rs, uid = _three_due(pub, sub, topic, warehouse, "raced-push")
     taken = published[0]
     raced = _race_once(monkeypatch, rs, uid, taken)
+    read_back = []
+    monkeypatch.setattr(plan, "applied_leases", lambda *a: read_back.append(operations_applied(*a)) or read_back[-1])
     engine = open_engine(warehouse, engine="delta-spark", spark=lean_delta, create=False)
     record = Registry(engine, clock=time.time).subscriptions()[s]
     v = engine.version("messages")
@@ -408,7 +421,7 @@ def test_a_delta_spark_push_batch_that_raced_pushes_the_leases_that_applied(pub,
     result = engine.transact("deliveries", lambda snap: plan.execute(
         engine, snap, [plan.SubPlan(record, 10, lease_seconds=60.0)], {}, empty, v, v, now=time.time(), batch_txn=None),
         what="push batch")
-    assert raced and result.committed
+    assert raced and len(read_back) == 1 and result.committed
     assert sorted(m for m, _ in result.leases[uid]) == sorted(published[1:])
     assert {a for _, a in result.leases[uid]} == {2}
     assert _held_by_the_other(rs, taken)

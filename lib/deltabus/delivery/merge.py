@@ -331,23 +331,41 @@ def commit(
         short = _short(metrics, source, exact)
         if short is not None:
             raise WriteRaced(f"rows decided on the snapshot did not all apply ({short}): another writer came first")
-    leases = pc.sum(pc.equal(source["op"], Op.LEASE.value)).as_py() or 0
-    # GIVE_UP rows update too (they mark), and so do CASCADE rows beside leases (an expired
-    # head's followers), all decided on the same snapshot as the leases. On delta-spark a
-    # CASCADE (or mark) refused because its row was acked in the window before the MERGE's
-    # read makes the counts fall short although every lease applied: the read-back below
-    # then finds them all (callers that rerun instead let them expire unused: a key held for
-    # one lease length, one attempt counted). delta-rs merges exactly its snapshot.
-    marks = pc.sum(pc.is_in(source["op"], pa.array([Op.GIVE_UP.value, Op.CASCADE.value]))).as_py() or 0
-    if leases and metrics.get("num_target_rows_updated", leases + marks) < leases + marks:
-        # The lease compare-and-set (or a mark, or a cascade) refused some rows: another writer
-        # moved them after our snapshot (delta-spark's window before its MERGE reads). The
-        # counts cannot say which; ``applied_leases`` reads it back, so the caller hands out
-        # the leases that did apply instead of leaving them to expire unused.
-        decided = source.filter(pc.equal(source["op"], Op.LEASE.value)).select(list(LEASE_KEY))
-        raise LeasesRaced(f"{leases + marks - metrics.get('num_target_rows_updated', 0)} of {leases + marks} leases or marks"
-                          " were refused: another writer came first", decided)
+    leased = _leased_rows(source)
+    if leased.num_rows:
+        # Every update row of the source (leases, nacks, deadline changes, marks, cascades)
+        # and every insert (new messages, leased or not, and history rows) was decided on the
+        # snapshot. On delta-spark a commit in the window before the MERGE's own read can make
+        # some not apply: a lease refused by its compare-and-set, a new message's insert
+        # skipped because another writer fanned it out first, an outcome or mark whose row
+        # moved. The counts cannot say which, and one row that did less can hide behind
+        # another kind that did more only if all are summed, so each kind is compared to its
+        # own total. ``applied_leases`` then reads back which leases the table holds as
+        # written, and the caller hands out those alone (delta-rs merges exactly its
+        # snapshot; its shortfall is a row already there, as after a crash between a
+        # delta-spark MERGE and its cursor's commit, and the read-back settles that too).
+        column = source["op"]
+        want = {
+            "num_target_rows_updated": _count(column, _UPDATES | {Op.GIVE_UP, Op.CASCADE}),
+            "num_target_rows_inserted": _count(column, frozenset({Op.INSERT, Op.HISTORY})),
+        }
+        fell = [f"{k} {metrics.get(k, n)} < {n}" for k, n in want.items() if metrics.get(k, n) < n]
+        if fell:
+            raise LeasesRaced(f"rows decided on the snapshot did not all apply ({', '.join(fell)}): another writer came first",
+                              leased.select(list(LEASE_KEY)))
     return metrics
+
+
+def _count(ops: pa.ChunkedArray | pa.Array, kinds: frozenset[Op]) -> int:
+    return int(pc.sum(pc.is_in(ops, pa.array([k.value for k in kinds], pa.string()))).as_py() or 0)
+
+
+def _leased_rows(source: pa.Table) -> pa.Table:
+    """The source rows that grant a lease: LEASE rows, and INSERT rows of new messages leased
+    in the same commit (``selection.select``: attempt 1 with a lease_expires)."""
+    ops = source["op"]
+    insert_leased = pc.and_(pc.equal(ops, Op.INSERT.value), pc.is_valid(source["lease_expires"]))
+    return source.filter(pc.or_(pc.equal(ops, Op.LEASE.value), pc.fill_null(insert_leased, False)))
 
 
 # What identifies a lease once written: a lease sets delivery_attempt by compare-and-set, so of
@@ -357,8 +375,8 @@ LEASE_KEY = ("sub_uid", "message_id", "delivery_attempt", "lease_expires")
 
 
 class LeasesRaced(WriteRaced):
-    """A committed MERGE granted fewer leases (or marks) than decided. `decided`: the lease rows
-    (``LEASE_KEY``). Callers that can hand out part of a decision pass it to
+    """A committed MERGE that granted leases applied fewer rows of some kind than decided.
+    `decided`: the rows that grant a lease (``LEASE_KEY``; LEASE rows and leased INSERTs). Callers that can hand out part of a decision pass it to
     ``applied_leases``; the others let ``transact`` rerun, as for any ``WriteRaced``, and the
     leases that did apply then expire unused (those messages come back a lease later)."""
 

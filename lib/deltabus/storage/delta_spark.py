@@ -29,13 +29,15 @@ Two things delta-spark's public API does not offer, and how this engine makes up
   check and the MERGE's own read. The delivery core's lease clause is a compare-and-set on
   ``delivery_attempt`` (``delivery/merge.py``), so a lease decided on a state that moved in
   that moment is not written: the table never holds two leases of one message. The MERGE's
-  counts then show fewer leases than decided, and ``delivery.merge.commit`` raises
-  ``LeasesRaced`` (a ``WriteRaced``). A pull or push batch then reads back which of its
-  leases the table holds (``merge.applied_leases``: the attempt and lease_expires it wrote)
-  and hands out those alone; a pull none of whose leases applied reruns on a fresh
-  snapshot. Nothing is lost, and no applied lease waits out its deadline unused (before
-  this, a raced pull handed out none, and the mixed-engine split test found ten messages
-  held for its 60 s deadline).
+  counts then show fewer updates (or inserts: a new message another writer fanned out
+  first) than decided, and ``delivery.merge.commit`` raises ``LeasesRaced`` (a
+  ``WriteRaced``). A pull or push batch then reads back which of its leases, of redelivered
+  and of new messages, the table holds (``merge.applied_leases``: the attempt and
+  lease_expires it wrote) and hands out those alone; a pull none of whose leases applied
+  reruns on a fresh snapshot. Nothing is lost, and no applied lease of a pull or push batch
+  waits out its deadline unused (before, a raced pull handed out none, and the mixed-engine
+  split test found ten messages held for its 60 s deadline). ``deltabus serve`` runs on
+  delta-rs only, whose MERGE applies exactly its snapshot; its group commit reruns.
 - *Several application transactions in one commit.* delta-spark records one
   (``txnAppId``, ``txnVersion``) per commit. The MERGE carries the last one given
   (the push job's batch id, or a pull's fan-out cursor, which is the only one), and any
