@@ -819,6 +819,7 @@ def figure(result: dict[str, Any]) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     r = result["results"]
     panels = [name for name, present in (("push", "push" in r), ("publish/pull", "publish" in r or "pull" in r),
@@ -874,6 +875,7 @@ def figure(result: dict[str, Any]) -> Any:
                 ax.axvline(target, ls="--", color=f"C{i}", label=f"p99 target {target} s")
         ax.set_ylim(0, 1.02)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # (decades only: the minor labels overlapped)
         ax.set_title("publish -> push latency CDF")
         ax.set_xlabel("publish -> push (seconds)")
         ax.set_ylabel("share of messages published")
@@ -1089,14 +1091,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "pull" in sections:
             r["pull"] = pull(n=3_000 if q else 20_000, scratch=scratch, engine=opts.engine)
         if "latency" in sections:
-            r["latency"] = latency(rate=500, seconds=10 if q else 60, warmup=10 if q else 20, scratch=scratch, target=target)
+            r["latency"] = latency(rate=500, seconds=5 if q else 60, warmup=5 if q else 20, scratch=scratch, target=target)
             # Ten times the rate (issue 18: p99 under 1 s); its warm-up lets the window open that far.
-            r["latency_5000"] = latency(rate=5000, seconds=5 if q else 30, warmup=5 if q else 20, scratch=scratch, target=target)
+            r["latency_5000"] = latency(rate=5000, seconds=3 if q else 30, warmup=3 if q else 20, scratch=scratch, target=target)
         if "scale" in sections:
-            r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000, 10_000_000], skip=200 if q else 2_000,
-                               measure=600 if q else 6_000, sql=spark_sql_timer(), scratch=scratch, target=target)
+            r["scale"] = scale([1_000, 10_000] if q else [10_000, 100_000, 1_000_000, 10_000_000], skip=100 if q else 2_000,
+                               measure=400 if q else 6_000, sql=spark_sql_timer(), scratch=scratch, target=target)
         if "idle" in sections:
-            r["idle"] = idle(subscriptions=10, warmup=10 if q else 20, seconds=10 if q else 30, scratch=scratch, target=target)
+            r["idle"] = idle(subscriptions=10, warmup=3 if q else 20, seconds=6 if q else 30, scratch=scratch, target=target)
         if "engines" in sections:
             # Smaller than the push and latency sections: 4 jobs (2 on a cluster) in ~10 minutes on 2 cores.
             r["engines"] = engines(push_n=2_000 if q else 10_000, warm_n=1_000 if q else 3_000, rates=ENGINE_LATENCY_RATE,
