@@ -1,6 +1,6 @@
 """deltabus benchmarks, side by side with their raw baselines, in one run (not a test).
 
-    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale,engines,server,idle] [--out STEM]
+    ./bench/run.sh [--quick] [--only push,publish,pull,latency,scale,idle,engines,server] [--out STEM]
                    [--engine delta-rs|delta-spark] [--master URL]
 
 A full run writes the results of record, bench/results/<date>.json and .png (<date> in
@@ -9,7 +9,9 @@ touches them: it writes bench/results/<date>[-quick][-partial-<sections>].json/.
 git ignores. A run on another engine or master than the defaults (delta-rs, the master of
 conf/spark-defaults.conf) is a variant: <name>-variant-<engine>[-<master>], ignored too.
 An unknown section is an error and nothing runs or is written. Every warehouse and job log
-is made under one scratch directory, removed at the end. Sections (1-5 are the default run):
+is made under one scratch directory, removed at the end. Sections (1-6 are the default run:
+every row of issue 18's table; the targets are the constants below, and bench/table.py
+renders the README's table from the results of record):
 
 1. push: a bare aiohttp client posting the same wrapped bodies to the same endpoint (the
    ceiling), then ``jobs/deliver.py`` (through ./spark-submit.sh) delivering N messages,
@@ -18,17 +20,18 @@ is made under one scratch directory, removed at the end. Sections (1-5 are the d
    Pub/Sub's slow-start window of 3; "warm" is a second run whose window was restored
    from the backlog table, as after any restart of a long-running job.
 2. publish: ``publish_batch`` of 1 KB x 1,000 against a bare ``write_deltalake`` append.
-3. pull + ack with 1 and 2 processes.
-4. latency: publish -> push arrival at a steady rate, p50 / p99.
-5. scale: the push job's cost per delivered message with a backlog of 10k, 100k and 1M:
+3. pull + ack with 1, 2 and 4 processes on one subscription.
+4. latency: publish -> push arrival at a steady 500 msg/s, then at 5,000 msg/s, p50 / p99.
+5. scale: the push job's cost per delivered message with a backlog of 10k, 100k, 1M and 10M:
    CPU seconds of the whole job (JVM, driver, Python workers) per ack, and wall time per
    ack; and the time to answer the backlog SQL queries at each size.
-6. engines (only when asked for: ``--only engines``): push msg/s, publish -> push p50/p99
+6. idle: the CPU of a push job with 10 push subscriptions and no messages, as cores.
+7. engines (only when asked for: ``--only engines``): push msg/s, publish -> push p50/p99
    and pull msg/s for delta-rs and delta-spark, on the local master and on a standalone
    cluster started on this machine (``deltabus.spark.standalone``), all in one run, printed
    as a Markdown table. Its own results of record: bench/results/<date>-engines.json/.png
    (--quick: <date>-engines-quick, ignored by git).
-7. server (only when asked for: ``--only server``; bench/server.py): the same
+8. server (only when asked for: ``--only server``; bench/server.py): the same
    google-cloud-pubsub workload against ``deltabus serve`` and Google's Pub/Sub emulator in
    one run (publish, streaming pull + ack with 1 and 4 subscriber processes, publish ->
    callback latency at 500 msg/s), with deltabus / emulator ratios, printed as a Markdown
@@ -319,7 +322,7 @@ def publish(batches: int, scratch: Path) -> dict[str, Any]:
     return out
 
 
-# -- 3. pull + ack with 1 and 2 processes ------------------------------------------------------
+# -- 3. pull + ack with 1, 2 and 4 processes ---------------------------------------------------
 def delta_jars() -> list[str]:
     """The Delta jars of the delta-spark engine (conf/deltabus.conf's ``[delta-spark] package``),
     fetched once into the checkout's build/delta-jars, exactly as tests/conftest.py does."""
@@ -645,7 +648,7 @@ def spark_sql_timer() -> Callable[[str], float]:
     return timed
 
 
-# -- 6. engines: delta-rs vs delta-spark, local master vs a standalone cluster ----------------
+# -- 7. engines: delta-rs vs delta-spark, local master vs a standalone cluster ----------------
 # The cluster's shape is tests/integration/test_cluster.py's: the push job holds
 # delivery_partitions (2) task slots for its push workers and needs one more for micro-batches,
 # and it sizes its pool from the cores registered when it starts, so it waits for them all.
@@ -1081,7 +1084,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": {},
     }
     r = result["results"]
-    # Warehouses (up to 1M messages for scale) and job logs: one directory, gone at the end.
+    # Warehouses (up to 10M messages for scale) and job logs: one directory, gone at the end.
     with tempfile.TemporaryDirectory(prefix="deltabus-bench-") as tmp:
         scratch = Path(tmp)
         if "push" in sections:

@@ -44,13 +44,17 @@ Results = dict[str, Any]
 
 class Row(NamedTuple):
     """One figure: its name, how to read it off a run's results (None: not measured), the
-    target as text, whether a value meets it, and how to print a value."""
+    target as text, whether a value meets it, and how to print a value. `lost`: for a
+    latency row, the section the percentile comes from; when that section ran but the
+    percentile is None, it fell on a message never received (``run.latency_stats``): the
+    row says so and is not met."""
 
     figure: str
     value: Callable[[Results], float | None]
     target: str
     met: Callable[[float], bool]
     show: Callable[[float], str]
+    lost: str | None = None
 
 
 def _get(r: Results, *path: str) -> Any:
@@ -103,11 +107,11 @@ ROWS: tuple[Row, ...] = (
     Row("push, cold (20,000 backlog, job just started, slow start kept), × bare aiohttp", lambda r: _get(r, "push", "ratio_cold"),
         f"≥ {PUSH_COLD_TARGET}×", lambda v: v >= PUSH_COLD_TARGET, _x),
     Row("publish → push latency at 500 msg/s, p50", _latency("latency", "p50"),
-        f"≤ {LATENCY_P50_TARGET_S[500]} s", lambda v: v <= LATENCY_P50_TARGET_S[500], _s),
+        f"≤ {LATENCY_P50_TARGET_S[500]} s", lambda v: v <= LATENCY_P50_TARGET_S[500], _s, "latency"),
     Row("publish → push latency at 500 msg/s, p99", _latency("latency", "p99"),
-        f"≤ {LATENCY_P99_TARGET_S[500]} s", lambda v: v <= LATENCY_P99_TARGET_S[500], _s),
+        f"≤ {LATENCY_P99_TARGET_S[500]} s", lambda v: v <= LATENCY_P99_TARGET_S[500], _s, "latency"),
     Row("publish → push latency at 5,000 msg/s, p99", _latency("latency_5000", "p99"),
-        f"< {LATENCY_P99_TARGET_S[5000]} s", lambda v: v < LATENCY_P99_TARGET_S[5000], _s),
+        f"< {LATENCY_P99_TARGET_S[5000]} s", lambda v: v < LATENCY_P99_TARGET_S[5000], _s, "latency_5000"),
     Row("pull + ack, 2 processes on one subscription vs 1", _pull_scaling(2),
         f"≥ {PULL_SCALING_TARGET[2]}×", lambda v: v >= PULL_SCALING_TARGET[2], _x),
     Row("pull + ack, 4 processes vs 1", _pull_scaling(4),
@@ -144,12 +148,27 @@ def render(result: Results, round_1: Results, name: str) -> str:
         figure = row.figure
         if row.value is _scale:
             figure += f" ({_scale_label(r)}; round 1: {_scale_label(r1)})"
-        lines.append(
-            f"| {figure} | {row.show(before) if before is not None else 'not measured'} | {row.target} | "
-            f"{row.show(now) if now is not None else 'not measured'} | "
-            f"{'not measured' if now is None else ('yes' if row.met(now) else 'no')} |"
-        )
+        lines.append(f"| {figure} | {_shown(row, before, r1)} | {row.target} | {_shown(row, now, r)} | {_met(row, now, r)} |")
     return "\n".join(lines)
+
+
+def _lost(row: Row, results: Results) -> bool:
+    return row.lost is not None and isinstance(results.get(row.lost), dict)
+
+
+def _shown(row: Row, value: float | None, results: Results) -> str:
+    if value is not None:
+        return row.show(value)
+    if _lost(row, results):
+        sec = results[row.lost]  # type: ignore[index]
+        return f"not received ({sec.get('received')}/{sec.get('messages')} received)"
+    return "not measured"
+
+
+def _met(row: Row, value: float | None, results: Results) -> str:
+    if value is not None:
+        return "yes" if row.met(value) else "no"
+    return "no" if _lost(row, results) else "not measured"
 
 
 def replace_block(text: str, table: str) -> str:

@@ -152,6 +152,14 @@ def test_the_table_says_met_not_met_and_not_measured():
     assert lines["pull + ack, 2 processes on one subscription vs 1"].endswith("| 1.71× | yes |")
     assert lines["pull + ack, 4 processes vs 1"].endswith("| not measured | not measured |")
     assert "| not measured | ≥ 0.8× |" in lines["push, warm (window open), × bare aiohttp → same endpoint"]  # round 1 absent
+    # A percentile that fell on a message never received is a miss, not a row that never ran;
+    # and the strict target (p99 under 1 s) is not met at exactly 1 s.
+    late = {**base, "results": {"latency": {"p50_s": 0.09, "p99_s": None, "received": 90, "messages": 100},
+                                "latency_5000": {"p50_s": 0.5, "p99_s": 1.0, "received": 100, "messages": 100}}}
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in render(late, {**base, "results": {}}, "x").splitlines() if line.startswith("| ")}
+    assert lines["publish → push latency at 500 msg/s, p50"].endswith("| 0.090 s | yes |")
+    assert lines["publish → push latency at 500 msg/s, p99"].endswith("| not received (90/100 received) | no |")
+    assert lines["publish → push latency at 5,000 msg/s, p99"].endswith("| 1.000 s | no |")
 
 
 def test_the_readme_markers_are_required():
