@@ -272,9 +272,7 @@ def _short(metrics: Mapping[str, int], source: pa.Table, exact: frozenset[Op]) -
     ops = source["op"]
 
     def count(kinds: frozenset[Op]) -> int:
-        if not kinds:
-            return 0
-        return int(pc.sum(pc.is_in(ops, pa.array([k.value for k in kinds], pa.string()))).as_py() or 0)
+        return _count(ops, kinds) if kinds else 0
 
     # Every update row counts, not only the exact ops': the other update rows of such a
     # commit (leases, marks, cascades) were decided on the same snapshot too, and an applied
@@ -331,8 +329,8 @@ def commit(
         short = _short(metrics, source, exact)
         if short is not None:
             raise WriteRaced(f"rows decided on the snapshot did not all apply ({short}): another writer came first")
-    leased = _leased_rows(source)
-    if leased.num_rows:
+    leasing = _lease_mask(source)
+    if pc.any(leasing).as_py():
         # Every update row of the source (leases, nacks, deadline changes, marks, cascades)
         # and every insert (new messages, leased or not, and history rows) was decided on the
         # snapshot. On delta-spark a commit in the window before the MERGE's own read can make
@@ -352,7 +350,7 @@ def commit(
         fell = [f"{k} {metrics.get(k, n)} < {n}" for k, n in want.items() if metrics.get(k, n) < n]
         if fell:
             raise LeasesRaced(f"rows decided on the snapshot did not all apply ({', '.join(fell)}): another writer came first",
-                              leased.select(list(LEASE_KEY)))
+                              source.select(list(LEASE_KEY)).filter(leasing))
     return metrics
 
 
@@ -360,12 +358,14 @@ def _count(ops: pa.ChunkedArray | pa.Array, kinds: frozenset[Op]) -> int:
     return int(pc.sum(pc.is_in(ops, pa.array([k.value for k in kinds], pa.string()))).as_py() or 0)
 
 
-def _leased_rows(source: pa.Table) -> pa.Table:
-    """The source rows that grant a lease: LEASE rows, and INSERT rows of new messages leased
-    in the same commit (``selection.select``: attempt 1 with a lease_expires)."""
+def _lease_mask(source: pa.Table) -> pa.ChunkedArray:
+    """Which source rows grant a lease: LEASE rows, and INSERT rows of new messages leased in
+    the same commit (``selection.select``: attempt 1 with a lease_expires). A mask, not the
+    rows: every leasing commit asks, and only a raced one needs them (a push batch's source
+    may hold 100k rows with the history's columns)."""
     ops = source["op"]
     insert_leased = pc.and_(pc.equal(ops, Op.INSERT.value), pc.is_valid(source["lease_expires"]))
-    return source.filter(pc.or_(pc.equal(ops, Op.LEASE.value), pc.fill_null(insert_leased, False)))
+    return pc.or_(pc.equal(ops, Op.LEASE.value), pc.fill_null(insert_leased, False))
 
 
 # What identifies a lease once written: a lease sets delivery_attempt by compare-and-set, so of
@@ -376,8 +376,8 @@ LEASE_KEY = ("sub_uid", "message_id", "delivery_attempt", "lease_expires")
 
 class LeasesRaced(WriteRaced):
     """A committed MERGE that granted leases applied fewer rows of some kind than decided.
-    `decided`: the rows that grant a lease (``LEASE_KEY``; LEASE rows and leased INSERTs). Callers that can hand out part of a decision pass it to
-    ``applied_leases``; the others let ``transact`` rerun, as for any ``WriteRaced``, and the
+    `decided`: the rows that grant a lease (``LEASE_KEY``; LEASE rows and leased INSERTs).
+    Callers that can hand out part of a decision pass it to ``applied_leases``; the others let ``transact`` rerun, as for any ``WriteRaced``, and the
     leases that did apply then expire unused (those messages come back a lease later)."""
 
     def __init__(self, message: str, decided: pa.Table) -> None:

@@ -187,9 +187,9 @@ class DeliveryJob:
         self.until_idle = until_idle
         self._drain_limits: tuple[float | None, threading.Event | None] = (None, None)
         self.summary = RunSummary()
-        # Not on delta-spark yet (README "Delivery history", "Engines"): a mixed-engine test
-        # (a delta-spark and a delta-rs puller on one subscription) left a batch of leases
-        # granted to no one with it on.
+        # Not on delta-spark yet (README "Delivery history", "Engines"): its MERGE can refuse
+        # some of a decision's leases (delivery/merge.py, LeasesRaced) while their insert-only
+        # history rows still land, so the history could record leases that never happened.
         self.history = HistorySettings(enabled=settings.delivery_history and self.engine.name == "delta-rs")
         subs = {s.name: s.sub_uid for s in self.registry.subscriptions().values()}
         self.book.restore(self.engine.snapshot(BACKLOG.name).read().to_pylist(), subs)

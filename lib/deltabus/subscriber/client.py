@@ -69,7 +69,6 @@ class SubscriberClient(ClientBase):
     _history_settings: HistorySettings
     _history_asked: bool
 
-
     @property
     def _history(self) -> HistorySettings:
         """The history settings of this client's writes: off on the delta-spark engine, not
