@@ -7,6 +7,8 @@ import json
 import threading
 import time
 
+import pyarrow as pa
+
 import pytest
 
 from deltabus import config
@@ -310,29 +312,47 @@ def test_a_replayed_batch_is_skipped(spark, pub, psub, topic, warehouse, engine)
         assert len(ep.snapshot()) == 1
 
 
-def test_a_batch_catching_up_a_backlog_leases_nothing_once_and_leases_then_count_from_the_commit(spark, pub, psub, topic, warehouse):
+def _stream_batch(engine, after: int) -> pa.Table:
+    """The push stream's micro-batch of the messages-table versions after `after`, as the
+    source hands it to the job: the messages with their ``version``, and the range covered."""
+    from deltabus.storage.tables import MESSAGES
+
+    last = engine.version(MESSAGES.name)
+    rows = engine.snapshot(MESSAGES.name).changes(after + 1, last, ["topic_uid", "message_id", "publish_time", "ordering_key", "size_bytes"])
+    rows = rows.rename_columns([*rows.column_names[:-1], "version"])
+    return rows.append_column("range_start", pa.array([after] * rows.num_rows, pa.int64())).append_column(
+        "range_end", pa.array([last] * rows.num_rows, pa.int64()))
+
+
+def test_a_batch_fanning_out_a_burst_leases_nothing_once_and_leases_then_count_from_the_commit(spark, pub, psub, topic, warehouse):
+    """More than FANOUT_LIMIT new messages in one micro-batch of the stream (a burst
+    published within one trigger). A subscription catching up from its cursor fans out
+    less than that per batch (test_fanout_catch_up.py)."""
     import pyarrow.compute as pc
 
     from deltabus.policy.lease_start import FANOUT_LIMIT
     from deltabus.push.job import DeliveryJob
-    from deltabus.storage.tables import DELIVERIES
+    from deltabus.storage.tables import DELIVERIES, MESSAGES
 
     with Endpoint() as ep:
         s = psub.subscription_path("local", "catching-up")
         psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url}, ack_deadline_seconds=30)
-        for start in range(0, FANOUT_LIMIT + 1, 1000):
-            pub.publish_batch(topic, [{"data": b"x"}] * min(1000, FANOUT_LIMIT + 1 - start))
         job = DeliveryJob(spark, settings(warehouse))
         try:
-            first = job.process(None, 1)
+            start = job.engine.version(MESSAGES.name)
+            for n in range(0, FANOUT_LIMIT + 1, 1000):
+                pub.publish_batch(topic, [{"data": b"x"}] * min(1000, FANOUT_LIMIT + 1 - n))
+            batch = _stream_batch(job.engine, start)
+            first = job.process(batch, 1)
             assert first.fanned_out == FANOUT_LIMIT + 1 and first.delivered == 0  # its commit would eat the leases
             extra = job.commit_times.allowance(30)
             assert extra > 0  # the first commit was timed
-            # The backlog keeps growing as fast: the next batch leases anyway (never twice in a row).
-            for start in range(0, FANOUT_LIMIT + 1, 1000):
-                pub.publish_batch(topic, [{"data": b"y"}] * min(1000, FANOUT_LIMIT + 1 - start))
+            # The bursts keep coming as fast: the next batch leases anyway (never twice in a row).
+            start = int(pc.max(batch["range_end"]).as_py())
+            for n in range(0, FANOUT_LIMIT + 1, 1000):
+                pub.publish_batch(topic, [{"data": b"y"}] * min(1000, FANOUT_LIMIT + 1 - n))
             before = time.time()
-            second = job.process(None, 2)
+            second = job.process(_stream_batch(job.engine, start), 2)
             assert second.fanned_out == FANOUT_LIMIT + 1 and second.delivered > 0
             leased = job.engine.snapshot(DELIVERIES.name).read(  # its partition: not the delivery history's
                 columns=["lease_expires"], filter=pc.field("delivery_attempt") == 1, partition=psub._sub(s).sub_uid
@@ -344,6 +364,36 @@ def test_a_batch_catching_up_a_backlog_leases_nothing_once_and_leases_then_count
         finally:
             job.close()
 
+
+def test_a_push_subscription_catching_up_a_backlog_fans_out_what_its_window_can_take(spark, pub, psub, topic, warehouse):
+    """A backlog published before the job: each batch fans out whole versions, a few times
+    the window's room and never more than FANOUT_LIMIT (so every batch leases), until the
+    cursor reaches the end; every message is pushed once."""
+    from deltabus.policy.lease_start import FANOUT_LIMIT
+    from deltabus.push.job import DeliveryJob
+
+    with Endpoint() as ep:
+        s = psub.subscription_path("local", "backlog")
+        psub.create_subscription(name=s, topic=topic, push_config={"push_endpoint": ep.url}, ack_deadline_seconds=60)
+        published = []
+        for _ in range(12):
+            published += pub.publish_batch(topic, [{"data": b"x"}] * 1000)
+        job = DeliveryJob(spark, settings(warehouse))
+        try:
+            reports = []
+            for i in range(1, 400):
+                if len(ids_of(ep)) >= len(published):
+                    break
+                reports.append(job.process(None, i))
+                time.sleep(0.02)
+            job.drain()
+        finally:
+            job.close()
+        fanning = [r for r in reports if r.fanned_out]
+        assert len(fanning) >= 3 and sum(r.fanned_out for r in fanning) == len(published)  # over several batches
+        for r in fanning:
+            assert r.fanned_out <= FANOUT_LIMIT and r.delivered > 0, r.line()  # each batch leased too
+        assert sorted(ids_of(ep)) == sorted(published) and len(ids_of(ep)) == len(published)
 
 def test_subscriptions_created_and_deleted_while_the_job_runs(spark, pub, psub, topic, warehouse):
     import threading

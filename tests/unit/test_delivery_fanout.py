@@ -37,3 +37,14 @@ def test_filter_hook_drops_messages_but_not_the_cursor() -> None:
     fan = Fanout(rows, 6, 9)
     assert fan.txns("u1") == [(cursor_app_id("u1"), 9)]
     assert Fanout(rows.slice(0, 0), 9, 9).txns("u1") == []
+
+
+def test_whole_versions_keeps_whole_versions_within_the_limit() -> None:
+    from deltabus.delivery.fanout import whole_versions
+
+    versions = pa.array([5, 5, 6, 6, 6, 8, 9, 9], pa.int64())  # 7 holds none of this topic
+    assert whole_versions(versions, 8, 4) == 9  # all of them fit
+    assert whole_versions(versions, 5, 4) == 6  # 5 and 6 (5 rows); 8 would make 6
+    assert whole_versions(versions, 6, 4) == 8  # 5, 6 and 8: version 7 (no rows) is covered too
+    assert whole_versions(versions, 4, 4) == 5  # 6 would make 5 rows
+    assert whole_versions(versions, 1, 4) == 5  # the first version alone is over: it goes whole (the cursor moves)

@@ -24,6 +24,7 @@ from ..delivery.history import RECORD, HistorySettings
 from ..delivery.model import Op, OutcomeKind
 from ..delivery.outcomes import decide, latest_per_message, nack_lease, read_current, rows as outcome_rows
 from ..delivery.selection import ORDERED_READ_FACTOR, read_candidates, select
+from ..policy.lease_start import FANOUT_LIMIT
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
 from ..storage.tables import DELIVERIES
@@ -62,6 +63,24 @@ class PlanResult:
     # `max_bytes`; the ones after it got no bytes (so the freed bytes add up for it; the job
     # serves it first next time).
     bytes_blocked: str | None = None
+
+
+
+# A push subscription catching up from the change feed fans out, per batch, CATCH_UP_ROOMS
+# times the leases its window allows now, within [CATCH_UP_MIN, lease_start.FANOUT_LIMIT]
+# (so the batch still grants leases), and nothing while its window is full
+# (``fanout.catch_up`` says why). Its cursor moves by what it fanned out; the rest waits in
+# the messages table, counted in the backlog as before. With ordering keys it catches up
+# as before: a held key can leave room that only later messages fill.
+CATCH_UP_ROOMS = 2
+CATCH_UP_MIN = 1_000
+
+
+def catch_up_limit(room: int, policy: DeliveryHooks) -> int | None:
+    """The most messages a lagging subscription fans out in this batch (None: no limit). Pure."""
+    if policy.eligible is not None:
+        return None
+    return 0 if room <= 0 else min(FANOUT_LIMIT, max(CATCH_UP_MIN, CATCH_UP_ROOMS * room))
 
 
 def execute(
@@ -110,7 +129,7 @@ def execute(
         policy = hooks[plan.sub.sub_uid] = hooks_for(plan.sub)
         if policy.give_up is not None and plan.dead_letter is None:  # dead-letter topic gone: the message stays
             policy = hooks[plan.sub.sub_uid] = replace(policy, give_up=None)
-        fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep))
+        fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep, limit=catch_up_limit(plan.room, policy)))
     fanning = sum(f.rows.num_rows for f in fans)
     leasing = lease_fanout_limit is None or fanning <= lease_fanout_limit
     result.held_leases = not leasing
