@@ -84,14 +84,19 @@ def exit_like(status: int) -> NoReturn:
 
 
 def outer(command: list[str]) -> NoReturn:
-    relay = Relay()  # before the leader exists: a signal meanwhile is kept, not lost
+    relay = Relay()
     read_end, write_end = os.pipe()  # write_end is held by this process only: it closes when we die
+    # The leader starts with the relayed signals blocked (a blocked set is inherited through
+    # fork and exec) and unblocks them once its handlers are in: one sent meanwhile, to us or
+    # to it, waits instead of ending it through Python's defaults (a KeyboardInterrupt trace).
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     leader = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), LEADER, str(read_end), "--", *command],
         pass_fds=(read_end,), start_new_session=True,
     )
     os.close(read_end)
     relay.to(leader.pid)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     exit_like(leader.wait())
 
 
@@ -110,6 +115,7 @@ def _wait_without_reaping(job: "subprocess.Popen[bytes]") -> None:
 def lead(watched_fd: int, command: list[str]) -> NoReturn:
     os.set_inheritable(watched_fd, False)
     relay = Relay()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)  # kept until the command runs; it starts unblocked
     group: dict[str, object] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
         job = subprocess.Popen(command, **group)  # type: ignore[call-overload]

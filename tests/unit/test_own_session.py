@@ -140,3 +140,22 @@ def test_usage_and_a_missing_command():
     missing = subprocess.run([sys.executable, OWN_SESSION, "--", "/nonexistent/spark-submit"], capture_output=True,
                              text=True, timeout=30)
     assert missing.returncode == 127 and "cannot run /nonexistent/spark-submit" in missing.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_at_once_is_not_lost_and_prints_no_trace(sig):
+    """Sent the moment it starts. Our process is started with the signal blocked, so it
+    arrives the moment our handlers unblock it, while the leader is still starting Python: the
+    leader must neither lose it nor die of it. The command (sleep) dies of it."""
+    proc = subprocess.Popen(
+        [sys.executable, OWN_SESSION, "--", "sleep", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, [sig]),
+    )
+    try:
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=60)
+        assert (proc.returncode, out, err) == (-sig, "", "")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
