@@ -13,19 +13,22 @@ avoids that fork (3.4's RawLocalFileSystem.setPermission is NativeIO or ``chmod`
 else), so the JVM and its children are moved out of reach instead:
 
     this process (the caller's pid and group: what a scheduler or a terminal signals)
-     └─ leader: a second copy of this script, in a new session (no controlling terminal)
-         └─ COMMAND (the JVM), in a process group of its own inside that session
-             └─ everything it forks: the Python driver, Hadoop's chmods, pyspark's daemon
+     ├─ COMMAND (the JVM): leader of a new session and process group, no controlling terminal
+     │   └─ everything it forks: the Python driver, Hadoop's chmods, pyspark's daemon
+     └─ reaper: a second copy of this script in a session of its own, holding a pipe from us
 
 - SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to this process, or to its group, go to
   COMMAND's process alone, as ``kill <pid>`` did when spark-submit.sh exec'd it. A signal
   inherited as ignored (``nohup``, a shell's background job) stays ignored.
-- The exit status is COMMAND's: its code, or death by the same signal.
-- When this process dies, SIGKILL included, the leader sees its pipe close and SIGKILLs
-  COMMAND's whole group, so ``kill -KILL -<pgid>`` still ends the job at once. When
-  COMMAND ends, whatever is left in its group (a Python driver whose JVM died) is killed.
-- COMMAND keeps the caller's stdin, stdout and stderr. It has no controlling terminal, so
-  the terminal's job control (Ctrl-Z) stops this process but not the job.
+- The exit status is COMMAND's: its code, or death by the same signal. When COMMAND ends,
+  whatever is left in its group (a Python driver whose JVM died) is killed.
+- When this process dies, SIGKILL included, COMMAND dies with it (Linux: the kernel sends it
+  SIGKILL, ``PR_SET_PDEATHSIG``, before our parent learns we died, as a SIGKILL of the whole
+  group did), and the reaper, seeing the pipe close without a word, SIGKILLs COMMAND's
+  group: ``kill -KILL -<pgid>`` still ends the job.
+- COMMAND keeps the caller's stdin, stdout and stderr. Having no controlling terminal, it
+  reads a terminal without SIGTTIN (jobs/sql.py's prompt), and the terminal's job control
+  (Ctrl-Z) stops this process but not the job.
 """
 
 from __future__ import annotations
@@ -34,11 +37,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-LEADER = "--leader-watching-fd"
+REAPER = "--reap-when-closed"
 
 
 class Relay:
@@ -83,21 +85,20 @@ def exit_like(status: int) -> NoReturn:
     sys.exit(status)
 
 
-def outer(command: list[str]) -> NoReturn:
-    relay = Relay()
-    read_end, write_end = os.pipe()  # write_end is held by this process only: it closes when we die
-    # The leader starts with the relayed signals blocked (a blocked set is inherited through
-    # fork and exec) and unblocks them once its handlers are in: one sent meanwhile, to us or
-    # to it, waits instead of ending it through Python's defaults (a KeyboardInterrupt trace).
-    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
-    leader = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), LEADER, str(read_end), "--", *command],
-        pass_fds=(read_end,), start_new_session=True,
-    )
-    os.close(read_end)
-    relay.to(leader.pid)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
-    exit_like(leader.wait())
+def _pdeathsig_kill() -> Callable[[], None] | None:
+    """A ``preexec_fn`` giving the child SIGKILL when we die (Linux ``prctl(PR_SET_PDEATHSIG)``,
+    kept across exec), or None where there is no prctl. libc is looked up here, not in the child."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+
+    return set_pdeathsig
 
 
 def _wait_without_reaping(job: "subprocess.Popen[bytes]") -> None:
@@ -112,45 +113,67 @@ def _wait_without_reaping(job: "subprocess.Popen[bytes]") -> None:
         pass
 
 
-def lead(watched_fd: int, command: list[str]) -> NoReturn:
-    os.set_inheritable(watched_fd, False)
+def outer(command: list[str]) -> NoReturn:
     relay = Relay()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)  # kept until the command runs; it starts unblocked
-    group: dict[str, object] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    # Our children start with the relayed signals blocked: a copy sent to our group in the
+    # moment before a child leaves it then waits instead of killing it (Python's subprocess
+    # resets handlers in the child). The reaper keeps them blocked; the command unblocks them
+    # once in its own session. We unblock ours (also those a caller left blocked) at the end.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
+    read_end, write_end = os.pipe()  # write_end is held by this process only: it closes when we die
+    reaper = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), REAPER, str(read_end)],
+        pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL,
+    )
+    os.close(read_end)
+    pdeathsig = _pdeathsig_kill()
+
+    def own_session() -> None:
+        os.setsid()
+        if pdeathsig is not None:
+            pdeathsig()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
+
     try:
-        job = subprocess.Popen(command, **group)  # type: ignore[call-overload]
+        job = subprocess.Popen(command, preexec_fn=own_session)
     except OSError as exc:
         print(f"own_session.py: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
         sys.exit(127)
+    os.write(write_end, b"%d\n" % job.pid)
     relay.to(job.pid)
-    lock = threading.Lock()
-    reaped = False
-
-    def kill_group() -> None:
-        with lock:
-            if not reaped:
-                try:
-                    os.killpg(job.pid, signal.SIGKILL)
-                except ProcessLookupError:  # nobody is left in it
-                    pass
-
-    def watch() -> None:
-        while os.read(watched_fd, 1):  # nothing is written: b"" once the outer process is gone
-            pass
-        kill_group()
-
-    threading.Thread(target=watch, daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     _wait_without_reaping(job)
-    kill_group()  # what the job left in its group: it has ended, so have they
-    with lock:
-        reaped = True
-        status = job.wait()
+    try:
+        os.killpg(job.pid, signal.SIGKILL)  # what it left in its group: it has ended, so have they
+    except ProcessLookupError:  # nobody is left in it
+        pass
+    status = job.wait()
+    os.write(write_end, b"done\n")  # the reaper leaves quietly
+    reaper.wait()
     exit_like(status)
 
 
+def reap(watched_fd: int) -> NoReturn:
+    """Read the command's pid from the outer process, then wait for it to say "done". If the
+    pipe closes before that (it died), SIGKILL the command's group."""
+    said = b""
+    while b"done\n" not in said:
+        chunk = os.read(watched_fd, 64)
+        if not chunk:  # the outer process died
+            pid = said.split(b"\n")[0]
+            if pid.isdigit():
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            break
+        said += chunk
+    sys.exit(0)
+
+
 def main(argv: list[str]) -> NoReturn:
-    if len(argv) >= 4 and argv[0] == LEADER and argv[2] == "--":
-        lead(int(argv[1]), argv[3:])
+    if len(argv) == 2 and argv[0] == REAPER:
+        reap(int(argv[1]))
     if len(argv) >= 2 and argv[0] == "--":
         outer(argv[1:])
     print("usage: own_session.py -- COMMAND [ARG...]", file=sys.stderr)

@@ -72,7 +72,7 @@ def test_the_command_runs_in_a_session_and_group_of_its_own_and_its_exit_code_is
     proc, ids = start(code=7)
     try:
         assert ids["sid"] != os.getsid(0) and ids["sid"] != os.getsid(proc.pid)
-        assert ids["pgid"] == ids["pid"] != proc.pid  # not the caller's group, not the session's leader's
+        assert ids["pgid"] == ids["pid"] == ids["sid"] != proc.pid  # its own group and session, not the caller's
         code, _ = finish(proc)
         assert code == 7
     finally:
@@ -144,9 +144,9 @@ def test_usage_and_a_missing_command():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_at_once_is_not_lost_and_prints_no_trace(sig):
-    """Sent the moment it starts. Our process is started with the signal blocked, so it
-    arrives the moment our handlers unblock it, while the leader is still starting Python: the
-    leader must neither lose it nor die of it. The command (sleep) dies of it."""
+    """Sent before any handler is in: our process starts with it blocked, and it arrives once
+    our handlers are in, before the command exists. It is kept for the command, which (sleep)
+    dies of it, and nothing prints a trace."""
     proc = subprocess.Popen(
         [sys.executable, OWN_SESSION, "--", "sleep", "600"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
