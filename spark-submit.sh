@@ -13,7 +13,7 @@
 # - spark-submit runs in a session of its own (scripts/own_session.py): SIGTERM, SIGINT, SIGHUP
 #   and SIGQUIT to this script's pid or group (a terminal's Ctrl-C) reach the driver JVM only,
 #   never the helpers it forks (Hadoop's chmods), and the exit status is the JVM's. SIGKILL to
-#   the group still ends everything: the JVM's group is killed when this process dies.
+#   the group still ends everything: the JVM and its group are killed when this process dies.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
