@@ -127,11 +127,14 @@ def outer(command: list[str]) -> NoReturn:
     )
     os.close(read_end)
     pdeathsig = _pdeathsig_kill()
+    me = os.getpid()
 
     def own_session() -> None:
         os.setsid()
         if pdeathsig is not None:
             pdeathsig()
+            if os.getppid() != me:  # we died before that took: do not start at all
+                os._exit(137)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
 
     try:
@@ -148,7 +151,10 @@ def outer(command: list[str]) -> NoReturn:
     except ProcessLookupError:  # nobody is left in it
         pass
     status = job.wait()
-    os.write(write_end, b"done\n")  # the reaper leaves quietly
+    try:
+        os.write(write_end, b"done\n")  # the reaper leaves quietly
+    except BrokenPipeError:  # someone killed it; the job is over anyway
+        pass
     reaper.wait()
     exit_like(status)
 
