@@ -31,9 +31,13 @@ from .hooks import FanoutFilter
 # At most this many messages-table versions are fanned out in one call.
 MAX_FANOUT_VERSIONS = 500
 
-# A push subscription catching up from the change feed (``from_batch`` with `limit`) first
+# A subscription catching up from the change feed with a `limit` (``catch_up``) first
 # reads this many versions, and from their rows per version how many more it needs.
 PROBE_VERSIONS = 8
+# How much a lagging subscription fans out when it leases up to `room` messages
+# (``catch_up_rows``): CATCH_UP_ROOMS times that, at least CATCH_UP_MIN.
+CATCH_UP_ROOMS = 2
+CATCH_UP_MIN = 1_000
 
 FANOUT_ORDER = [("message_version", "ascending"), ("message_id", "ascending")]
 
@@ -63,11 +67,26 @@ def prepare(rows: pa.Table, keep: FanoutFilter | None = None) -> pa.Table:
     return rows.take(pc.sort_indices(rows, FANOUT_ORDER))
 
 
+def catch_up_rows(room: int, ordered: bool, cap: int | None = None) -> int | None:
+    """The most messages a lagging subscription fans out when it may lease `room` now
+    (None: no limit, with ordering keys: a held key can leave room that only later
+    messages fill; 0 when it may lease none). Pure."""
+    if ordered:
+        return None
+    if room <= 0:
+        return 0
+    rows = max(CATCH_UP_MIN, CATCH_UP_ROOMS * room)
+    return rows if cap is None else min(cap, rows)
+
+
 def from_change_feed(
-    engine: Engine, snap: Snapshot, sub: SubscriptionRecord, *, keep: FanoutFilter | None = None
+    engine: Engine, snap: Snapshot, sub: SubscriptionRecord, *, keep: FanoutFilter | None = None, limit: int | None = None
 ) -> Fanout:
-    """The next messages after sub's cursor in `snap`, up to MAX_FANOUT_VERSIONS versions."""
+    """The next messages after sub's cursor in `snap`, up to MAX_FANOUT_VERSIONS versions;
+    with `limit`, at most that many (``catch_up``)."""
     cursor, latest = pending_range(engine, snap, sub)
+    if limit is not None:
+        return catch_up(engine, sub, cursor, latest, limit, keep)
     end = min(latest, cursor + MAX_FANOUT_VERSIONS)
     return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end, attributes=keep is not None), keep), cursor, end)
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ..delivery import history as hist
 from ..delivery.dead_letter import DeadLetterMover
-from ..delivery.fanout import from_batch
+from ..delivery.fanout import catch_up_rows, from_batch
 from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
 from ..delivery.merge import LeasesRaced, applied_leases, commit
 from ..delivery.history import RECORD, HistorySettings
@@ -66,21 +66,12 @@ class PlanResult:
 
 
 
-# A push subscription catching up from the change feed fans out, per batch, CATCH_UP_ROOMS
-# times the leases its window allows now, within [CATCH_UP_MIN, lease_start.FANOUT_LIMIT]
-# (so the batch still grants leases), and nothing while its window is full
-# (``fanout.catch_up`` says why). Its cursor moves by what it fanned out; the rest waits in
-# the messages table, counted in the backlog as before. With ordering keys it catches up
-# as before: a held key can leave room that only later messages fill.
-CATCH_UP_ROOMS = 2
-CATCH_UP_MIN = 1_000
-
-
 def catch_up_limit(room: int, policy: DeliveryHooks) -> int | None:
-    """The most messages a lagging subscription fans out in this batch (None: no limit). Pure."""
-    if policy.eligible is not None:
-        return None
-    return 0 if room <= 0 else min(FANOUT_LIMIT, max(CATCH_UP_MIN, CATCH_UP_ROOMS * room))
+    """The most messages a lagging push subscription fans out in this batch
+    (``fanout.catch_up_rows``), never more than lease_start.FANOUT_LIMIT, so the batch still
+    grants leases (``fanout.catch_up`` says why). Its cursor moves by what it fanned out;
+    the rest waits in the messages table, counted in the backlog as before. Pure."""
+    return catch_up_rows(room, policy.eligible is not None, FANOUT_LIMIT)
 
 
 def execute(
