@@ -116,3 +116,23 @@ def test_a_server_round_on_a_backlog_fans_out_about_what_it_leases(pub, sub, top
         if not granted.messages and not granted.more:
             break
     assert seen == set(published)  # every message leased (none acked: each leased once, for 600 s)
+
+
+def test_catch_up_reads_on_past_versions_without_the_topic_and_stops_at_its_limit(pub, sub, topic):
+    """More versions than the first read's PROBE_VERSIONS, the first ones all of another topic:
+    the reads go on (twice the span each time) until the limit, in whole versions."""
+    name = sub.subscription_path("local", "sparse-catching-up")
+    sub.create_subscription(name=name, topic=topic)
+    other = pub.topic_path("local", "busy-other")
+    pub.create_topic(name=other)
+    for _ in range(fanout.PROBE_VERSIONS + 5):
+        pub.publish_batch(other, [{"data": b"o"}] * 10)
+    mine: list[str] = []
+    for n in (7, 7, 7, 7, 7, 7):
+        mine += pub.publish_batch(topic, [{"data": b"m"}] * n)
+    engine = sub.engine
+    rec = Registry(engine, clock=time.time).subscription(name)
+    last = engine.version(MESSAGES.name)
+    fan = fanout.from_batch(engine, engine.snapshot(DELIVERIES.name), rec, _empty_batch(), last, last, limit=20)
+    assert fan.rows["message_id"].to_pylist() == mine[:14]  # 2 whole versions of 7 (a third would make 21)
+    assert fan.end == fan.cursor + fanout.PROBE_VERSIONS + 5 + 2  # past the other topic's versions

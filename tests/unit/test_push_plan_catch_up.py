@@ -13,7 +13,7 @@ from deltabus.push.plan import catch_up_limit
 
 
 def test_catch_up_follows_the_window_room_within_bounds() -> None:
-    assert catch_up_limit(0, DEFAULT_HOOKS) == 0  # a full window (or backoff): nothing fanned out, the cursor stays
+    assert catch_up_limit(0, DEFAULT_HOOKS) == CATCH_UP_MIN  # a full window (or backoff) still moves the cursor on
     assert catch_up_limit(1, DEFAULT_HOOKS) == CATCH_UP_MIN
     assert catch_up_limit(1_000, DEFAULT_HOOKS) == max(CATCH_UP_MIN, CATCH_UP_ROOMS * 1_000)
     # never past the rows above which a batch grants no leases (policy/lease_start.py)
@@ -27,7 +27,7 @@ def test_ordering_keys_catch_up_unbounded() -> None:
 
 
 def test_pull_catch_up_follows_what_it_may_lease() -> None:
-    assert catch_up_rows(0, False) == 0
+    assert catch_up_rows(0, False) == CATCH_UP_MIN
     assert catch_up_rows(10, False) == CATCH_UP_MIN
     assert catch_up_rows(100_000, False) == CATCH_UP_ROOMS * 100_000  # no cap: the caller asked for that many
     assert catch_up_rows(100_000, False, 5_000) == 5_000

@@ -68,14 +68,15 @@ def prepare(rows: pa.Table, keep: FanoutFilter | None = None) -> pa.Table:
 
 
 def catch_up_rows(room: int, ordered: bool, cap: int | None = None) -> int | None:
-    """The most messages a lagging subscription fans out when it may lease `room` now
-    (None: no limit, with ordering keys: a held key can leave room that only later
-    messages fill; 0 when it may lease none). Pure."""
+    """The most messages a lagging subscription fans out when it may lease `room` now:
+    CATCH_UP_ROOMS times that, at least CATCH_UP_MIN (also with no room: a subscription in
+    push backoff or with a full window still moves its cursor on, so messages past their
+    retention reach its deliveries, where maintenance drops them, and other topics'
+    versions are passed), at most `cap`. None (no limit) with ordering keys: a held key
+    can leave room that only later messages fill. Pure."""
     if ordered:
         return None
-    if room <= 0:
-        return 0
-    rows = max(CATCH_UP_MIN, CATCH_UP_ROOMS * room)
+    rows = max(CATCH_UP_MIN, CATCH_UP_ROOMS * max(0, room))
     return rows if cap is None else min(cap, rows)
 
 
@@ -142,7 +143,8 @@ def catch_up(
     versions), but only whole versions and no more than `limit` messages, unless the first
     version alone holds more (so the cursor always moves when there is anything to fan out). `limit` 0:
     nothing is read and the cursor stays. Reads PROBE_VERSIONS versions, then as many more
-    as their rows per version say `limit` needs (at most two reads of the change feed).
+    as the rows per version read so far say `limit` needs (twice as many versions while
+    none of them held a message of the topic), until it has `limit` or reached the end.
 
     Why (bench/run.py scale, 10M messages published in 10,000 versions of 1,000): a job
     started on that backlog fanned out 500 versions, 500,000 rows, per micro-batch while
@@ -153,12 +155,18 @@ def catch_up(
         return Fanout(empty_fanout(), cursor, cursor)
     attributes = keep is not None
     upto = min(end, cursor + PROBE_VERSIONS)
-    rows = read_unfanned(engine, sub, cursor + 1, upto, attributes=attributes)
-    if rows.num_rows < limit and upto < end:
-        per_version = max(1.0, rows.num_rows / (upto - cursor))
-        more = min(end, upto + max(1, int((limit - rows.num_rows) / per_version)))
-        rows = pa.concat_tables([rows, read_unfanned(engine, sub, upto + 1, more, attributes=attributes)])
+    parts = [read_unfanned(engine, sub, cursor + 1, upto, attributes=attributes)]
+    have = parts[0].num_rows
+    while have < limit and upto < end:
+        # Rows per version so far size the next read; none of this topic yet: twice the span
+        # read so far (versions of other topics cost little: the read is of this topic's partition).
+        span = upto - cursor
+        step = max(1, int((limit - have) / (have / span))) if have else span * 2
+        more = min(end, upto + step)
+        parts.append(read_unfanned(engine, sub, upto + 1, more, attributes=attributes))
+        have += parts[-1].num_rows
         upto = more
+    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     if rows.num_rows > limit:
         upto = whole_versions(rows["message_version"], limit, cursor)
         rows = rows.filter(pc.less_equal(rows["message_version"], upto))
@@ -171,10 +179,12 @@ def whole_versions(versions: pa.ChunkedArray | pa.Array, limit: int, cursor: int
     `limit`, or the lowest version present when even its rows alone are more. Pure."""
     counts = pc.value_counts(versions)
     pairs = sorted(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
+    if not pairs:
+        return cursor
     total, chosen = 0, pairs[0][0]
     for version, n in pairs:
         total += n
         if total > limit:
             break
         chosen = version
-    return max(chosen, cursor + 1) if pairs else cursor
+    return max(int(chosen), cursor + 1)

@@ -68,9 +68,10 @@ class PlanResult:
 
 def catch_up_limit(room: int, policy: DeliveryHooks) -> int | None:
     """The most messages a lagging push subscription fans out in this batch
-    (``fanout.catch_up_rows``), never more than lease_start.FANOUT_LIMIT, so the batch still
-    grants leases (``fanout.catch_up`` says why). Its cursor moves by what it fanned out;
-    the rest waits in the messages table, counted in the backlog as before. Pure."""
+    (``fanout.catch_up_rows``), never more than lease_start.FANOUT_LIMIT; ``execute`` also
+    shares FANOUT_LIMIT among the batch's lagging subscriptions, so the batch still grants
+    leases (``fanout.catch_up`` says why). Its cursor moves by what it fanned out; the rest
+    waits in the messages table, counted in the backlog as before. Pure."""
     return catch_up_rows(room, policy.eligible is not None, FANOUT_LIMIT)
 
 
@@ -116,12 +117,16 @@ def execute(
     result = PlanResult(leased_at=now)
     hooks: dict[str, DeliveryHooks] = {}
     fans = []
+    fanning = 0
     for plan in plans:
         policy = hooks[plan.sub.sub_uid] = hooks_for(plan.sub)
         if policy.give_up is not None and plan.dead_letter is None:  # dead-letter topic gone: the message stays
             policy = hooks[plan.sub.sub_uid] = replace(policy, give_up=None)
-        fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep, limit=catch_up_limit(plan.room, policy)))
-    fanning = sum(f.rows.num_rows for f in fans)
+        limit = catch_up_limit(plan.room, policy)
+        if limit is not None and lease_fanout_limit is not None:  # lagging ones share what keeps the batch leasing
+            limit = min(limit, max(0, lease_fanout_limit - fanning))
+        fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep, limit=limit))
+        fanning += fans[-1].rows.num_rows
     leasing = lease_fanout_limit is None or fanning <= lease_fanout_limit
     result.held_leases = not leasing
     bytes_left = max_bytes
