@@ -77,19 +77,19 @@ def _backlog(pub, topic, versions: int = 12, per: int = 1000) -> list[str]:
 
 
 def test_a_pull_on_a_backlog_fans_out_about_what_it_leases(pub, sub, topic):
-    """A pull of 100 on a backlog of 12,000 (12 versions) fans out whole versions near
-    CATCH_UP_MIN, not 500 versions; pulling and acking until empty gets each message once."""
+    """A pull of 100 on a backlog of 30,000 (30 versions) fans out whole versions up to
+    PULL_CATCH_UP_MIN, not 500 versions; pulling and acking until empty gets each message once."""
     name = sub.subscription_path("local", "pull-catching-up")
     sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
-    published = _backlog(pub, topic)
+    published = _backlog(pub, topic, versions=30)
     uid = sub._sub(name).sub_uid
     first = sub.pull(subscription=name, max_messages=100, return_immediately=True).received_messages
     assert len(first) == 100
-    assert _deliveries_rows(sub.engine, uid) == fanout.CATCH_UP_MIN  # one version of 1,000, not all 12
+    assert _deliveries_rows(sub.engine, uid) == fanout.PULL_CATCH_UP_MIN  # 20 whole versions of 1,000, not all 30
     got = [m.message.message_id for m in first]
     sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in first])
     for _ in range(100):
-        batch = sub.pull(subscription=name, max_messages=1000, return_immediately=True).received_messages
+        batch = sub.pull(subscription=name, max_messages=5000, return_immediately=True).received_messages
         if not batch:
             break
         got += [m.message.message_id for m in batch]
@@ -103,14 +103,14 @@ def test_a_server_round_on_a_backlog_fans_out_about_what_it_leases(pub, sub, top
 
     name = sub.subscription_path("local", "serve-catching-up")
     sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
-    published = _backlog(pub, topic)
+    published = _backlog(pub, topic, versions=30)
     rec = Registry(sub.engine, clock=time.time).subscription(name)
     [granted] = run_round(sub.engine, rec, [LeaseAsk(100, None)], time.time)
     assert isinstance(granted, Granted) and len(granted.messages) == 100 and granted.more
-    assert _deliveries_rows(sub.engine, rec.sub_uid) == fanout.CATCH_UP_MIN
+    assert _deliveries_rows(sub.engine, rec.sub_uid) == fanout.PULL_CATCH_UP_MIN
     seen = {m.message.message_id for m in granted.messages}
     for _ in range(30):
-        [granted] = run_round(sub.engine, rec, [LeaseAsk(1000, None)], time.time)
+        [granted] = run_round(sub.engine, rec, [LeaseAsk(5000, None)], time.time)
         assert isinstance(granted, Granted)
         seen |= {m.message.message_id for m in granted.messages}
         if not granted.messages and not granted.more:

@@ -32,3 +32,4 @@ def test_pull_catch_up_follows_what_it_may_lease() -> None:
     assert catch_up_rows(100_000, False) == CATCH_UP_ROOMS * 100_000  # no cap: the caller asked for that many
     assert catch_up_rows(100_000, False, 5_000) == 5_000
     assert catch_up_rows(10, True) is None
+    assert catch_up_rows(10, False, floor=20_000) == 20_000  # pulls and server rounds: a larger floor

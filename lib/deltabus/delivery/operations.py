@@ -22,7 +22,7 @@ from ..storage.tables import DELIVERIES
 from ..timestamps import to_us
 from . import dead_letter, history as hist
 from .cursor import IDLE_CURSOR_LAG, cursor_app_id
-from .fanout import catch_up_rows, from_change_feed
+from .fanout import PULL_CATCH_UP_MIN, catch_up_rows, from_change_feed
 from .hooks import DeliveryHooks, hooks_for, require_attached
 from .history import HistorySettings, RECORD
 from .merge import LeasesRaced, applied_leases, commit
@@ -59,7 +59,7 @@ def pull(
 
     def fn(snap: Snapshot) -> tuple[list[Lease], int | None]:
         now = clock()
-        fan = from_change_feed(engine, snap, sub, keep=policy.keep, limit=catch_up_rows(max_messages, policy.eligible is not None))
+        fan = from_change_feed(engine, snap, sub, keep=policy.keep, limit=catch_up_rows(max_messages, policy.eligible is not None, floor=PULL_CATCH_UP_MIN))
         available, keys = read_candidates(snap, uid, now, max_messages, policy)
         if available.num_rows == 0 and fan.rows.num_rows == 0 and keys.ended.num_rows == 0:
             if fan.end - fan.cursor >= IDLE_CURSOR_LAG:  # nothing for this topic in a long range: move past it

@@ -96,7 +96,7 @@ from ..delivery import dead_letter, history as hist
 from ..delivery.history import OFF, HistorySettings
 from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 from ..delivery.cursor import pending_range, read_unfanned
-from ..delivery.fanout import MAX_FANOUT_VERSIONS, Fanout, catch_up_rows, prepare, whole_versions
+from ..delivery.fanout import MAX_FANOUT_VERSIONS, PULL_CATCH_UP_MIN, Fanout, catch_up_rows, prepare, whole_versions
 from ..delivery.hooks import DeliveryHooks, FanoutFilter, hooks_for
 from ..delivery.merge import commit, new_messages_only
 from ..delivery.operations import DECIDED
@@ -227,7 +227,7 @@ def run_round(
         key = None
         more = True
         if room > 0:
-            fan, latest = fan_out(engine, snap, sub, policy.keep, own, catch_up_rows(room, policy.eligible is not None))
+            fan, latest = fan_out(engine, snap, sub, policy.keep, own, catch_up_rows(room, policy.eligible is not None, floor=PULL_CATCH_UP_MIN))
             available, keys = read_candidates(snap, uid, now, room, policy, frozenset(winners))
             if available.num_rows or fan.rows.num_rows or keys.ended.num_rows:
                 start = deadline(clock, now, 0.0)  # the storage's latest possible time now (storage/clock.py)
