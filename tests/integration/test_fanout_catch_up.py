@@ -136,3 +136,31 @@ def test_catch_up_reads_on_past_versions_without_the_topic_and_stops_at_its_limi
     fan = fanout.from_batch(engine, engine.snapshot(DELIVERIES.name), rec, _empty_batch(), last, last, limit=20)
     assert fan.rows["message_id"].to_pylist() == mine[:14]  # 2 whole versions of 7 (a third would make 21)
     assert fan.end == fan.cursor + fanout.PROBE_VERSIONS + 5 + 2  # past the other topic's versions
+
+
+def test_a_filtered_pull_catches_up_past_versions_its_filter_drops(pub, sub, topic):
+    """The limit counts the messages the filter keeps: 30 versions of 1,000 messages the
+    filter drops (more than PULL_CATCH_UP_MIN) do not hold the cursor before the ones it keeps."""
+    name = sub.subscription_path("local", "filtered-catching-up")
+    sub.create_subscription(request={"name": name, "topic": topic, "filter": 'attributes.kind = "a"'})
+    for _ in range(30):
+        pub.publish_batch(topic, [{"data": b"b", "attributes": {"kind": "b"}}] * 1000)
+    wanted = pub.publish_batch(topic, [{"data": b"a", "attributes": {"kind": "a"}}] * 5)
+    got = sub.pull(subscription=name, max_messages=10, return_immediately=True).received_messages
+    assert sorted(m.message.message_id for m in got) == sorted(wanted)
+
+
+def test_strict_catch_up_leaves_a_version_larger_than_what_is_left(pub, sub, topic):
+    """Within a shared budget (push/plan.py), a subscription that is not the first to take
+    from it fans out nothing rather than a whole version over what is left."""
+    name = sub.subscription_path("local", "strict-catching-up")
+    sub.create_subscription(name=name, topic=topic)
+    pub.publish_batch(topic, [{"data": b"x"}] * 50)
+    engine = sub.engine
+    rec = Registry(engine, clock=time.time).subscription(name)
+    last = engine.version(MESSAGES.name)
+    snap = engine.snapshot(DELIVERIES.name)
+    fan = fanout.from_batch(engine, snap, rec, _empty_batch(), last, last, limit=20, strict=True)
+    assert fan.rows.num_rows == 0 and fan.end == fan.cursor
+    fan = fanout.from_batch(engine, snap, rec, _empty_batch(), last, last, limit=20)
+    assert fan.rows.num_rows == 50 and fan.end == last  # the first to take from the budget: the whole version

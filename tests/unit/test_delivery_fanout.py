@@ -49,3 +49,5 @@ def test_whole_versions_keeps_whole_versions_within_the_limit() -> None:
     assert whole_versions(versions, 4, 4) == 5  # 6 would make 5 rows
     assert whole_versions(versions, 1, 4) == 5  # the first version alone is over: it goes whole (the cursor moves)
     assert whole_versions(pa.array([], pa.int64()), 3, 4) == 4  # nothing read: the cursor stays
+    assert whole_versions(versions, 1, 4, strict=True) == 4  # strict: an oversized first version waits
+    assert whole_versions(versions, 5, 4, strict=True) == 6

@@ -18,7 +18,7 @@ nothing to lease reads (and filters) the same range again on each poll.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -118,10 +118,11 @@ def from_batch(
     *,
     keep: FanoutFilter | None = None,
     limit: int | None = None,
+    strict: bool = False,
 ) -> Fanout:
     """Messages of sub's topic after its cursor, up to version `last`, for a micro-batch
     covering versions first..last. `limit` (None: no limit): a subscription catching up
-    fans out at most that many messages (``catch_up``).
+    fans out at most that many messages (``catch_up``, with `strict`).
 
     In the steady state the cursor is the batch's start and the rows come from the
     stream's micro-batch; a subscription that lags (new, or switched from pull) catches
@@ -134,7 +135,7 @@ def from_batch(
         return Fanout(empty_fanout(), cursor, cursor)
     if cursor < first:
         if limit is not None:
-            return catch_up(engine, sub, cursor, last, limit, keep)
+            return catch_up(engine, sub, cursor, last, limit, keep, strict=strict)
         end = min(last, cursor + MAX_FANOUT_VERSIONS)
         return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end, attributes=keep is not None), keep), cursor, end)
     if keep is not None and "attributes" not in batch.column_names:
@@ -144,14 +145,25 @@ def from_batch(
 
 
 def catch_up(
-    engine: Engine, sub: SubscriptionRecord, cursor: int, last: int, limit: int, keep: FanoutFilter | None = None
+    engine: Engine,
+    sub: SubscriptionRecord,
+    cursor: int,
+    last: int,
+    limit: int,
+    keep: FanoutFilter | None = None,
+    *,
+    strict: bool = False,
+    read: Callable[[int, int], pa.Table] | None = None,
 ) -> Fanout:
     """The next messages after `cursor` (up to version `last` and MAX_FANOUT_VERSIONS
-    versions), but only whole versions and no more than `limit` messages, unless the first
-    version alone holds more (so the cursor always moves when there is anything to fan out). `limit` 0:
-    nothing is read and the cursor stays. Reads PROBE_VERSIONS versions, then as many more
-    as the rows per version read so far say `limit` needs (twice as many versions while
-    none of them held a message of the topic), until it has `limit` or reached the end.
+    versions) that the filter keeps, but only whole versions and no more than `limit` of
+    them, unless the first version alone holds more (so the cursor always moves when there
+    is anything to fan out; `strict`: then nothing, the cursor stays). `limit` 0: nothing
+    is read and the cursor stays. Versions whose messages the filter drops all are covered
+    as they come. `read(first, last)`: the unfanned rows of versions first..last as
+    ``read_unfanned`` returns them (default: that, from the change feed). Reads
+    PROBE_VERSIONS versions, then as many more as the kept rows per version read so far say
+    `limit` needs, at least twice the span read so far after a read that kept nothing.
 
     Why (bench/run.py scale, 10M messages published in 10,000 versions of 1,000): a job
     started on that backlog fanned out 500 versions, 500,000 rows, per micro-batch while
@@ -160,33 +172,41 @@ def catch_up(
     end = min(last, cursor + MAX_FANOUT_VERSIONS)
     if limit <= 0 or end <= cursor:
         return Fanout(empty_fanout(), cursor, cursor)
-    attributes = keep is not None
+    if read is None:
+        attributes = keep is not None
+
+        def read(a: int, b: int) -> pa.Table:
+            return read_unfanned(engine, sub, a, b, attributes=attributes)
+
+    def kept(rows: pa.Table) -> pa.Table:
+        return rows.filter(keep(rows)) if keep is not None and rows.num_rows else rows
+
     upto = min(end, cursor + PROBE_VERSIONS)
-    parts = [read_unfanned(engine, sub, cursor + 1, upto, attributes=attributes)]
+    parts = [kept(read(cursor + 1, upto))]
     have = parts[0].num_rows
     while have < limit and upto < end:
-        # Rows per version so far size the next read; none of this topic yet: twice the span
-        # read so far (versions of other topics cost little: the read is of this topic's partition).
         span = upto - cursor
-        step = max(1, int((limit - have) / (have / span))) if have else span * 2
+        estimate = int((limit - have) / (have / span)) if have else 0
+        step = max(1, estimate, span if parts[-1].num_rows == 0 else 0)
         more = min(end, upto + step)
-        parts.append(read_unfanned(engine, sub, upto + 1, more, attributes=attributes))
+        parts.append(kept(read(upto + 1, more)))
         have += parts[-1].num_rows
         upto = more
     rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     if rows.num_rows > limit:
-        upto = whole_versions(rows["message_version"], limit, cursor)
+        upto = whole_versions(rows["message_version"], limit, cursor, strict=strict)
         rows = rows.filter(pc.less_equal(rows["message_version"], upto))
-    return Fanout(prepare(rows, keep), cursor, upto)
+    return Fanout(prepare(rows), cursor, upto)
 
 
-def whole_versions(versions: pa.ChunkedArray | pa.Array, limit: int, cursor: int) -> int:
+def whole_versions(versions: pa.ChunkedArray | pa.Array, limit: int, cursor: int, *, strict: bool = False) -> int:
     """The last version to fan out of rows from `versions` (each row's messages-table
     version, all > `cursor`): the highest V whose rows at or below it number at most
-    `limit`, or the lowest version present when even its rows alone are more. Pure."""
+    `limit`, or the lowest version present when even its rows alone are more (`strict`:
+    then `cursor`, nothing). Pure."""
     counts = pc.value_counts(versions)
     pairs = sorted(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
-    if not pairs:
+    if not pairs or (strict and pairs[0][1] > limit):
         return cursor
     total, chosen = 0, pairs[0][0]
     for version, n in pairs:

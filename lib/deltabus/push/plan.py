@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ..delivery import history as hist
 from ..delivery.dead_letter import DeadLetterMover
-from ..delivery.fanout import catch_up_rows, from_batch
+from ..delivery.fanout import Fanout, catch_up_rows, from_batch
 from ..delivery.hooks import DEFAULT_HOOKS, DeliveryHooks, hooks_for
 from ..delivery.merge import LeasesRaced, applied_leases, commit
 from ..delivery.history import RECORD, HistorySettings
@@ -116,17 +116,23 @@ def execute(
     txns: list[tuple[str, int]] = []
     result = PlanResult(leased_at=now)
     hooks: dict[str, DeliveryHooks] = {}
-    fans = []
+    # Lagging subscriptions share what keeps the batch leasing (lease_fanout_limit), taken in
+    # an order that turns with the batch, so none waits behind another for good; only the
+    # first to take any of it may go over with one whole version (``fanout.catch_up``).
+    by_index: dict[int, Fanout] = {}
     fanning = 0
-    for plan in plans:
+    turn = (batch_txn[1] if batch_txn is not None else 0) % max(1, len(plans))
+    for i in [*range(turn, len(plans)), *range(turn)]:
+        plan = plans[i]
         policy = hooks[plan.sub.sub_uid] = hooks_for(plan.sub)
         if policy.give_up is not None and plan.dead_letter is None:  # dead-letter topic gone: the message stays
             policy = hooks[plan.sub.sub_uid] = replace(policy, give_up=None)
         limit = catch_up_limit(plan.room, policy)
-        if limit is not None and lease_fanout_limit is not None:  # lagging ones share what keeps the batch leasing
+        if limit is not None and lease_fanout_limit is not None:
             limit = min(limit, max(0, lease_fanout_limit - fanning))
-        fans.append(from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep, limit=limit))
-        fanning += fans[-1].rows.num_rows
+        by_index[i] = from_batch(engine, snap, plan.sub, batch, first, last, keep=policy.keep, limit=limit, strict=fanning > 0)
+        fanning += by_index[i].rows.num_rows
+    fans = [by_index[i] for i in range(len(plans))]
     leasing = lease_fanout_limit is None or fanning <= lease_fanout_limit
     result.held_leases = not leasing
     bytes_left = max_bytes

@@ -96,7 +96,7 @@ from ..delivery import dead_letter, history as hist
 from ..delivery.history import OFF, HistorySettings
 from ..delivery.cursor import IDLE_CURSOR_LAG, cursor_app_id
 from ..delivery.cursor import pending_range, read_unfanned
-from ..delivery.fanout import MAX_FANOUT_VERSIONS, PULL_CATCH_UP_MIN, Fanout, catch_up_rows, prepare, whole_versions
+from ..delivery.fanout import MAX_FANOUT_VERSIONS, PULL_CATCH_UP_MIN, Fanout, catch_up, catch_up_rows, prepare
 from ..delivery.hooks import DeliveryHooks, FanoutFilter, hooks_for
 from ..delivery.merge import commit, new_messages_only
 from ..delivery.operations import DECIDED
@@ -318,14 +318,15 @@ def fan_out(
     cursor, latest = pending_range(engine, snap, sub)
     end = min(latest, cursor + MAX_FANOUT_VERSIONS)
     attributes = keep is not None
-    if own is None or end <= cursor:
-        rows = read_unfanned(engine, sub, cursor + 1, end, attributes=attributes)
-    else:
-        rows = own.fanout(sub.topic_uid, cursor + 1, end, attributes,
-                          lambda a, b: read_unfanned(engine, sub, a, b, attributes=attributes))
-    if limit is not None and rows.num_rows > limit:
-        end = whole_versions(rows["message_version"], limit, cursor)
-        rows = rows.filter(pc.less_equal(rows["message_version"], end))
+
+    def read(a: int, b: int) -> pa.Table:
+        if own is None:
+            return read_unfanned(engine, sub, a, b, attributes=attributes)
+        return own.fanout(sub.topic_uid, a, b, attributes, lambda x, y: read_unfanned(engine, sub, x, y, attributes=attributes))
+
+    if limit is not None:
+        return catch_up(engine, sub, cursor, latest, limit, keep, read=read), latest
+    rows = read(cursor + 1, end) if end > cursor else read_unfanned(engine, sub, cursor + 1, end, attributes=attributes)
     return Fanout(prepare(rows, keep), cursor, end), latest
 
 
