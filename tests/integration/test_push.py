@@ -431,6 +431,34 @@ def test_several_push_subscriptions_catching_up_share_what_keeps_a_batch_leasing
         assert sorted(rows["message_id"].to_pylist()) == sorted(published)
 
 
+def test_the_shared_catch_up_budget_turns_so_no_lagging_subscription_waits_behind_another(pub, psub, topic):
+    """Three lagging push subscriptions with room 3,000 each: the first to take from
+    FANOUT_LIMIT takes all of it, and the first changes with the batch id, so within three
+    batches each has fanned out some of a backlog none could finish alone."""
+    from deltabus.policy.lease_start import FANOUT_LIMIT
+    from deltabus.push.micro_batch import BATCH_COLUMNS
+    from deltabus.push.plan import SubPlan, execute
+    from deltabus.registry import Registry
+    from deltabus.storage.tables import DELIVERIES, MESSAGES
+
+    names = [psub.subscription_path("local", f"turning-{i}") for i in range(3)]
+    for name in names:
+        psub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": "http://127.0.0.1:9/push"})
+    for _ in range(12):
+        pub.publish_batch(topic, [{"data": b"x"}] * 1000)
+    engine = psub.engine
+    records = [Registry(engine, clock=time.time).subscription(n) for n in names]
+    last = engine.version(MESSAGES.name)
+    for batch_id in (1, 2, 3):
+        plans = [SubPlan(rec, room=3000, lease_seconds=600) for rec in records]
+        result = engine.transact(DELIVERIES.name, lambda snap: execute(
+            engine, snap, plans, {}, BATCH_COLUMNS.empty_table(), last, last, now=time.time(),
+            batch_txn=("test-turning", batch_id), lease_fanout_limit=FANOUT_LIMIT), what="test batch")
+        assert result.fanned_out <= FANOUT_LIMIT and not result.held_leases, result
+    fanned = [engine.snapshot(DELIVERIES.name).read(columns=["message_id"], partition=rec.sub_uid).num_rows for rec in records]
+    assert all(n > 0 for n in fanned), fanned  # in a fixed order the third would still have nothing
+
+
 def test_subscriptions_created_and_deleted_while_the_job_runs(spark, pub, psub, topic, warehouse):
     import threading
 
