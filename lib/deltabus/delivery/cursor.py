@@ -69,3 +69,12 @@ def read_unfanned(
     rows = engine.snapshot(MESSAGES.name).changes(first, last, [*_FEED_COLUMNS, *extra], partition=sub.topic_uid)
     rows = rows.rename_columns([*_FEED_COLUMNS, *extra, "message_version"])
     return rows.select([*FANOUT_COLUMNS, *extra])
+
+
+def read_unfanned_times(engine: Engine, sub: SubscriptionRecord, first: int, last: int) -> pa.Table:
+    """The ``publish_time`` of sub's topic's messages appended in versions first..last
+    (inclusive), from the change feed: all the backlog's figures need of them. Why (measured,
+    3M unfanned messages): 2.65 s of CPU reading the fan-out columns, 1.45 s this column alone."""
+    if last < first:
+        return pa.table({"publish_time": pa.array([], MESSAGES.schema.field("publish_time").type)})
+    return engine.snapshot(MESSAGES.name).changes(first, last, ["publish_time"], partition=sub.topic_uid).select(["publish_time"])

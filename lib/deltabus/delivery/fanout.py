@@ -133,12 +133,9 @@ def from_batch(
     cursor = read_cursor(snap, sub)
     if cursor >= last:
         return Fanout(empty_fanout(), cursor, cursor)
-    if cursor < first:
-        if limit is not None:
-            return catch_up(engine, sub, cursor, last, limit, keep, strict=strict)
-        end = min(last, cursor + MAX_FANOUT_VERSIONS)
-        return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end, attributes=keep is not None), keep), cursor, end)
-    if keep is not None and "attributes" not in batch.column_names:
+    if cursor < first and limit is not None:
+        return catch_up(engine, sub, cursor, last, limit, keep, strict=strict)
+    if cursor < first or (keep is not None and "attributes" not in batch.column_names):
         end = min(last, cursor + MAX_FANOUT_VERSIONS)
         return Fanout(prepare(read_unfanned(engine, sub, cursor + 1, end, attributes=keep is not None), keep), cursor, end)
     return Fanout(prepare(batch_rows(batch, sub.topic_uid, cursor), keep), cursor, last)

@@ -65,7 +65,6 @@ class PlanResult:
     bytes_blocked: str | None = None
 
 
-
 def catch_up_limit(room: int, policy: DeliveryHooks) -> int | None:
     """The most messages a lagging push subscription fans out in this batch
     (``fanout.catch_up_rows``), never more than lease_start.FANOUT_LIMIT; ``execute`` also
