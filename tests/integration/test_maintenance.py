@@ -3,12 +3,16 @@ delivered, and `deltabus maintenance` compacts, checkpoints and vacuums a live w
 
 from __future__ import annotations
 
+import os
+import time
+
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from deltabus import PublisherClient, SubscriberClient
 from deltabus.storage.delta_rs import DeltaRsEngine
-from deltabus.storage.maintenance import AutoCompact, file_count
+from deltabus.storage.maintenance import EXPIRED_LOG_CLEANUP_EVERY, AutoCompact, file_count
+from deltabus.storage.tables import TableSpec
 from tests.conftest import table_versions
 from tests.integration.test_cli import run
 
@@ -166,3 +170,50 @@ def test_a_log_cleanup_killed_halfway_leaves_a_readable_table_and_the_next_one_f
     assert clean_log(uri, time.time() + 3600, 900) > 0  # the next cleanup finishes the job
     assert old() == []
     assert DeltaRsEngine(warehouse).snapshot("deliveries").read(columns=["message_id"]).num_rows == 120
+
+
+# A table of its own whose log expires after an hour (Delta's property, which delta-rs's
+# post-commit hook applies): created with DeltaTable.create, written through the engine.
+_EXPIRING = TableSpec(
+    "expiring_log",
+    layers=((pa.field("part", pa.string(), nullable=False), pa.field("n", pa.int64())),),
+    partition_by=("part",),
+    configuration={"delta.logRetentionDuration": "interval 1 hour"},
+)
+
+
+def test_delta_rs_expired_log_cleanup_runs_on_one_version_in_a_hundred_and_still_cleans(warehouse):
+    """delta-rs's expired-log hook lists the whole log after every commit; the engine lets it
+    run only on the versions delta-rs checkpoints at (99, 199, ...: storage/maintenance.py).
+    Aged log files survive a commit at any other version, and are deleted at the next such
+    version; every row stays readable."""
+    assert EXPIRED_LOG_CLEANUP_EVERY == 100
+    engine = DeltaRsEngine(warehouse, extra_tables=(_EXPIRING,), auto_compact=None, log_cleanup=None)
+    uri = engine.table_uri(_EXPIRING.name)
+    DeltaTable.create(uri, _EXPIRING.schema, partition_by=["part"], configuration=dict(_EXPIRING.configuration))
+    log_dir = os.path.join(uri, "_delta_log")
+
+    def commit_file(version: int) -> str:
+        return os.path.join(log_dir, f"{version:020d}.json")
+
+    row = pa.table({"part": ["a"], "n": pa.array([1], pa.int64())})
+
+    def append_until(version: int) -> None:
+        while engine.version(_EXPIRING.name) < version:
+            engine.append(_EXPIRING.name, row)
+
+    append_until(99)  # the checkpoint at 99 is written; its log files are all young yet
+    assert os.path.exists(os.path.join(log_dir, f"{99:020d}.checkpoint.parquet"))
+    assert os.path.exists(commit_file(0))
+    old = time.time() - 2 * 3600
+    for name in os.listdir(log_dir):  # as if two hours had passed
+        os.utime(os.path.join(log_dir, name), (old, old))
+    append_until(100)
+    assert os.path.exists(commit_file(0)), "a commit at version 100 ran the expired-log cleanup"
+    append_until(198)
+    assert os.path.exists(commit_file(0))
+    append_until(199)  # the hook runs: the aged files before the checkpoint at 99 go
+    assert not os.path.exists(commit_file(0))
+    assert not os.path.exists(commit_file(98))
+    assert all(os.path.exists(commit_file(v)) for v in range(100, 200))  # young: kept
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 199

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from deltabus.storage.maintenance import LogCleanup, expired_log_files
+import pytest
+
+from deltabus.storage.maintenance import LogCleanup, expired_log_cleanup, expired_log_files
 
 NOW = 1_800_000_000.0
 OLD, NEW = NOW - 3600, NOW - 10
@@ -40,3 +42,12 @@ def test_cleanups_fall_between_checkpoints() -> None:
     c = LogCleanup()
     assert [n for n in range(1, 301) if c.due(n)] == [50, 150, 250]
     assert [n for n in range(1, 31) if LogCleanup(every=10).due(n)] == [5, 15, 25]
+
+
+def test_delta_rs_expired_log_hook_runs_only_on_checkpoint_versions():
+    assert [v for v in range(0, 450) if expired_log_cleanup(v) is None] == [99, 199, 299, 399]
+    assert expired_log_cleanup(100) is False and expired_log_cleanup(0) is False
+    assert [v for v in range(12) if expired_log_cleanup(v, every=5) is None] == [4, 9]
+    assert expired_log_cleanup(7, every=1) is None  # every version: delta-rs's own behaviour
+    with pytest.raises(ValueError, match="every"):
+        expired_log_cleanup(5, every=0)

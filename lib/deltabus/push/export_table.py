@@ -254,6 +254,8 @@ def append_once(
     records that version (or a later one), so nothing was appended. ``ExportError`` otherwise."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
+    from ..storage.maintenance import post_commit_hooks
+
     try:
         table = _open(config.table, schema_for(config), storage_options)
         done = table.transaction_version(app_id)
@@ -264,6 +266,7 @@ def append_once(
             table, _shaped(batch, fit), mode="append",
             commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)],
                                                custom_metadata={**claims(sub_uid, app_id), BATCH_NONCE: nonce}),
+            post_commithook_properties=post_commit_hooks(table.version()),  # a commit a batch: storage/maintenance.py
         )
         return True
     except Exception as exc:  # noqa: BLE001 - classified for the backlog; the caller keeps the messages

@@ -1403,6 +1403,8 @@ def idempotent_delta_sink(uri: str, app_id: str, *, storage_options: Mapping[str
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
         from deltalake.exceptions import TableNotFoundError
 
+        from ..storage.maintenance import post_commit_hooks
+
         table = df.toArrow()
         props = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
         opts = dict(storage_options) if storage_options else None
@@ -1422,6 +1424,7 @@ def idempotent_delta_sink(uri: str, app_id: str, *, storage_options: Mapping[str
                 "use one app_id per checkpoint (a new checkpoint needs a new app_id)")
         if (done is not None and done == batch_id) or table.num_rows == 0:
             return
-        write_deltalake(dt, table, mode="append", commit_properties=props)
+        write_deltalake(dt, table, mode="append", commit_properties=props,
+                        post_commithook_properties=post_commit_hooks(dt.version()))  # a commit a batch: storage/maintenance.py
 
     return write

@@ -29,6 +29,16 @@ compaction the cost of a message grows with the history of the table.
   older than that AND before its newest checkpoint at least that old deleted every
   ``LogCleanup.every`` commits. The checkpoint holds the state, application transactions included; a reader or
   writer holding a snapshot older than the kept history must start again from a fresh one.
+- **delta-rs's own expired-log cleanup** (a post-commit hook, on for every table by default:
+  it deletes log files older than ``delta.logRetentionDuration``, 30 days) lists the whole
+  ``_delta_log`` after EVERY commit, although it can only delete something after a new
+  checkpoint. Measured here (deltalake 1.6.6, one-row appends with a compaction every 20):
+  12 ms an append at 1,000 log files, 27 ms at 3,000; with the hook asked to skip, 7.8 and
+  10.5 ms. The messages table is never cleaned by ``LogCleanup`` (the change feed is its
+  readers' input), so every publish paid it, growing by the hour. So every commit tells the
+  hook to skip (``expired_log_cleanup``) except one in ``EXPIRED_LOG_CLEANUP_EVERY``
+  versions, which leaves it to the table's own setting: the log is still cleaned as Delta
+  says, at most 99 versions later than before.
 """
 
 from __future__ import annotations
@@ -42,6 +52,31 @@ from typing import Any, Mapping, Sequence
 log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_HOURS = 168
+
+# One commit in this many versions lets delta-rs's expired-log hook run (the module docstring):
+# delta-rs's default checkpoint interval, so it runs on the version of each new checkpoint.
+EXPIRED_LOG_CLEANUP_EVERY = 100
+
+
+def expired_log_cleanup(next_version: int, every: int = EXPIRED_LOG_CLEANUP_EVERY) -> bool | None:
+    """What a commit expected to write `next_version` tells delta-rs's expired-log hook
+    (``PostCommitHookProperties.cleanup_expired_logs``): None, the table's own setting, on
+    the versions delta-rs checkpoints at with an interval of `every` (99, 199, ...:
+    measured, deltalake 1.6.6 writes its checkpoint on the interval's last version), so the
+    hook can clean up to that new checkpoint at once; False (skip) on the others. A commit
+    that loses a version race lands elsewhere: a cleanup skipped so is made by a later one. Pure."""
+    if every < 1:
+        raise ValueError(f"every: must be >= 1, got {every}")
+    return None if (next_version + 1) % every == 0 else False
+
+
+def post_commit_hooks(current_version: int) -> Any:
+    """delta-rs's ``PostCommitHookProperties`` for a commit on a table now at
+    `current_version`: checkpoints as the table says, the expired-log cleanup only when
+    ``expired_log_cleanup`` lets it. For every delta-rs commit of a table that takes many."""
+    from deltalake import PostCommitHookProperties
+
+    return PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=expired_log_cleanup(current_version + 1))
 
 
 @dataclass(frozen=True, slots=True)
