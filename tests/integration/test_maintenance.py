@@ -96,8 +96,6 @@ def test_the_deliveries_log_is_cleaned_behind_its_checkpoints_and_nothing_is_los
     ahead, every 100 commits the engine deletes the commit files before its latest
     checkpoint. Rows, the cursors (application transactions) and a handle opened before
     the cleanups all survive; the messages table (no log_keep_seconds) keeps its log."""
-    import os
-    import time
 
     from deltabus.storage.maintenance import LogCleanup
     from deltabus.storage.tables import DELIVERIES
@@ -131,11 +129,9 @@ def _message(i: int) -> pa.Table:
 
 
 def test_a_log_cleanup_killed_halfway_leaves_a_readable_table_and_the_next_one_finishes(warehouse):
-    import os
     import signal
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     from deltabus.storage.maintenance import LogCleanup, clean_log

@@ -31,14 +31,18 @@ compaction the cost of a message grows with the history of the table.
   writer holding a snapshot older than the kept history must start again from a fresh one.
 - **delta-rs's own expired-log cleanup** (a post-commit hook, on for every table by default:
   it deletes log files older than ``delta.logRetentionDuration``, 30 days) lists the whole
-  ``_delta_log`` after EVERY commit, although it can only delete something after a new
-  checkpoint. Measured here (deltalake 1.6.6, one-row appends with a compaction every 20):
+  ``_delta_log`` after EVERY commit, to find the few files that aged past the retention
+  since the last look (it keeps everything from the newest checkpoint at or before the
+  oldest version still within the retention). Measured here (deltalake 1.6.6, one-row appends with a compaction every 20):
   12 ms an append at 1,000 log files, 27 ms at 3,000; with the hook asked to skip, 7.8 and
   10.5 ms. The messages table is never cleaned by ``LogCleanup`` (the change feed is its
   readers' input), so every publish paid it, growing by the hour. So every commit tells the
   hook to skip (``expired_log_cleanup``) except one in ``EXPIRED_LOG_CLEANUP_EVERY``
-  versions, which leaves it to the table's own setting: the log is still cleaned as Delta
-  says, at most 99 versions later than before.
+  versions, which leaves it to the table's own setting (never forces it on: a table with
+  ``delta.enableExpiredLogCleanup=false`` stays uncleaned): the log is still cleaned as Delta
+  says, about 100 versions later at most (up to ~200 when concurrent writers' version races
+  skip a turn). Compaction commits skip it too; the rare ones (migrations, a claim of an
+  export table, ``maintain_warehouse``) leave the hook as it is.
 """
 
 from __future__ import annotations
@@ -53,18 +57,18 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_HOURS = 168
 
-# One commit in this many versions lets delta-rs's expired-log hook run (the module docstring):
-# delta-rs's default checkpoint interval, so it runs on the version of each new checkpoint.
+# One commit in this many versions lets delta-rs's expired-log hook run (the module docstring).
+# Which one does not matter (files age with time, not with checkpoints): the one that writes a
+# checkpoint under delta-rs's default interval of 100.
 EXPIRED_LOG_CLEANUP_EVERY = 100
 
 
 def expired_log_cleanup(next_version: int, every: int = EXPIRED_LOG_CLEANUP_EVERY) -> bool | None:
     """What a commit expected to write `next_version` tells delta-rs's expired-log hook
     (``PostCommitHookProperties.cleanup_expired_logs``): None, the table's own setting, on
-    the versions delta-rs checkpoints at with an interval of `every` (99, 199, ...:
-    measured, deltalake 1.6.6 writes its checkpoint on the interval's last version), so the
-    hook can clean up to that new checkpoint at once; False (skip) on the others. A commit
-    that loses a version race lands elsewhere: a cleanup skipped so is made by a later one. Pure."""
+    one version in `every` (99, 199, ...: with an interval of 100, deltalake 1.6.6 writes
+    its checkpoints on those), False (skip) on the others. A commit that loses a version
+    race lands elsewhere: a cleanup skipped so is made by a later one. Pure."""
     if every < 1:
         raise ValueError(f"every: must be >= 1, got {every}")
     return None if (next_version + 1) % every == 0 else False
@@ -108,7 +112,8 @@ def file_count(dt: Any, partition_column: str | None, partition: str | None) -> 
 def compact(dt: Any, partition_column: str | None, partition: str | None, *, target_size: int | None = None) -> Mapping[str, Any]:
     """Rewrite the small files of one partition (or the table) into large ones; no data change."""
     filters = [(partition_column, "=", partition)] if partition_column and partition is not None else None
-    result: Mapping[str, Any] = dt.optimize.compact(partition_filters=filters, target_size=target_size)
+    result: Mapping[str, Any] = dt.optimize.compact(partition_filters=filters, target_size=target_size,
+                                                    post_commithook_properties=post_commit_hooks(dt.version()))
     return result
 
 
