@@ -326,7 +326,7 @@ def fan_out(
 
     if limit is not None:
         return catch_up(engine, sub, cursor, latest, limit, keep, read=read), latest
-    rows = read(cursor + 1, end) if end > cursor else read_unfanned(engine, sub, cursor + 1, end, attributes=attributes)
+    rows = read(cursor + 1, end)
     return Fanout(prepare(rows, keep), cursor, end), latest
 
 

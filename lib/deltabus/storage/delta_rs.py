@@ -14,7 +14,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, SchemaMismatchError, TableNotFoundError
 
 from ..config import ConcreteEngine
@@ -90,13 +90,6 @@ class DeltaRsSnapshot:
             except Exception:  # an observer must never fail a commit that happened
                 log.exception("commit observer failed")
         return result
-
-    def _hooks(self) -> PostCommitHookProperties:
-        """The post-commit hooks of this snapshot's commit: a checkpoint when due, and
-        delta-rs's expired-log cleanup only on one version in a hundred (storage/maintenance.py
-        says why)."""
-        hooks: PostCommitHookProperties = post_commit_hooks(self._version)
-        return hooks
 
     def _check(self) -> None:
         if self._committed or self._dt.version() != self._version:
@@ -253,7 +246,7 @@ class DeltaRsSnapshot:
         # against a scan of every file in the partition when streamed.
         merger = self._dt.merge(
             source, on, source_alias="s", target_alias="t", commit_properties=props, streamed_exec=False,
-            post_commithook_properties=self._hooks(),
+            post_commithook_properties=post_commit_hooks(self._version),
         )
         for c in clauses:
             if isinstance(c, MatchedUpdate):
@@ -276,7 +269,7 @@ class DeltaRsSnapshot:
         self._check()
         self._committed = True
         props = CommitProperties(app_transactions=[Transaction(app_txn[0], int(app_txn[1]))]) if app_txn else None
-        hooks = self._hooks()
+        hooks = post_commit_hooks(self._version)  # expired-log listing skipped: storage/maintenance.py
         self._observed(lambda: write_deltalake(self._dt, data, mode="append", commit_properties=props, post_commithook_properties=hooks))
         self.committed_version = self._dt.version()
         self._wrote(data)
@@ -289,20 +282,20 @@ class DeltaRsSnapshot:
         self._check()
         self._committed = True
         props = CommitProperties(app_transactions=[Transaction(a, int(v)) for a, v in app_txns])
-        hooks = self._hooks()
+        hooks = post_commit_hooks(self._version)  # expired-log listing skipped: storage/maintenance.py
         self._observed(lambda: write_deltalake(self._dt, self._spec.schema.empty_table(), mode="append", commit_properties=props,
                                                post_commithook_properties=hooks))
 
     def delete(self, predicate: str) -> None:
         self._check()
         self._committed = True
-        hooks = self._hooks()
+        hooks = post_commit_hooks(self._version)  # expired-log listing skipped: storage/maintenance.py
         self._observed(lambda: self._dt.delete(predicate, post_commithook_properties=hooks))
 
     def overwrite(self, data: pa.Table) -> None:
         self._check()
         self._committed = True
-        hooks = self._hooks()
+        hooks = post_commit_hooks(self._version)  # expired-log listing skipped: storage/maintenance.py
         self._observed(lambda: write_deltalake(self._dt, data, mode="overwrite", post_commithook_properties=hooks))
 
     def txn_version(self, app_id: str) -> int | None:

@@ -51,7 +51,10 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from deltalake import PostCommitHookProperties
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ def expired_log_cleanup(next_version: int, every: int = EXPIRED_LOG_CLEANUP_EVER
     return None if (next_version + 1) % every == 0 else False
 
 
-def post_commit_hooks(current_version: int) -> Any:
+def post_commit_hooks(current_version: int) -> "PostCommitHookProperties":
     """delta-rs's ``PostCommitHookProperties`` for a commit on a table now at
     `current_version`: checkpoints as the table says, the expired-log cleanup only when
     ``expired_log_cleanup`` lets it. For every delta-rs commit of a table that takes many."""
