@@ -55,3 +55,33 @@ def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
 
     dt = open_table(uri)
     return plain(dataset(dt, uri).to_table(columns=columns, use_threads=scan_threads(uri)))
+
+
+def row_groups_within(stats: "list[dict[str, Any] | None]", lo: Any, hi: Any) -> list[int]:
+    """The row groups (indexes into `stats`, one column's ``{"min": ..., "max": ...}`` per
+    row group, None where the file has none) that can hold a value in [`lo`, `hi`]: those
+    whose range overlaps it, and those without statistics (they may hold anything). Pure.
+
+    Why (measured, deltalake 1.6.6 and pyarrow 22): reading 1,000 message ids from a
+    compacted file of 10M rows took 450 ms with pyarrow's filter alone, whether its row
+    groups held 1M rows or 16k, because pyarrow read every row group; one 1M-row row group
+    on its own took 45 ms."""
+    keep = []
+    for i, s in enumerate(stats):
+        low = None if s is None else s.get("min")
+        high = None if s is None else s.get("max")
+        if low is None or high is None or not (high < lo or low > hi):
+            keep.append(i)
+    return keep
+
+
+def row_groups_in(fragment: Any, within: "tuple[str, Any, Any] | None") -> Any:
+    """A Parquet fragment narrowed to the row groups ``row_groups_within`` keeps for
+    `within` (column, lo, hi); the fragment itself when that is all of them or `within` is
+    None. Reads the file's footer (its row groups' statistics)."""
+    if within is None:
+        return fragment
+    column, lo, hi = within
+    groups = fragment.row_groups
+    keep = row_groups_within([(g.statistics or {}).get(column) for g in groups], lo, hi)
+    return fragment if len(keep) == len(groups) else fragment.subset(row_group_ids=keep)

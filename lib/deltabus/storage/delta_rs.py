@@ -20,10 +20,10 @@ from deltalake.exceptions import CommitFailedError, SchemaMismatchError, TableNo
 from ..config import ConcreteEngine
 from ..errors import Aborted, StorageFull
 from ..policy.backoff import Backoff
-from .arrow import dataset, plain, scan_threads
+from .arrow import dataset, plain, row_groups_in, scan_threads
 from .clock import CommitObserver, local_folder
 from .log_repair import MISSING_HINTED, drop_stale_hint, open_table
-from .maintenance import AutoCompact, LogCleanup, clean_log, compact, file_count, post_commit_hooks
+from .maintenance import AutoCompact, LogCleanup, clean_log, compact_table, file_count, post_commit_hooks
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
 from .tables import BY_NAME, SCHEMA_VERSION_KEY, TableSpec, plan_migration, recorded_version
 
@@ -146,6 +146,7 @@ class DeltaRsSnapshot:
         partition: str | None = None,
         filter: pc.Expression | None = None,
         skip_files: Callable[[pa.Table], pa.Array] | None = None,
+        key_range: tuple[object, object] | None = None,
     ) -> pa.Table:
         """The first `limit` rows (in `sort_keys` order) matching partition and filter, reading
         only the files that can hold them.
@@ -154,7 +155,9 @@ class DeltaRsSnapshot:
         log's statistics) and reading stops once no unopened file can hold a value below
         the `limit`-th row found: the cost follows `limit`, not the partition's size.
         `skip_files` gets the flattened add actions (``min.<col>``, ``null_count.<col>``,
-        ...) and marks files that cannot hold a matching row.
+        ...) and marks files that cannot hold a matching row. `key_range` (lo, hi): every
+        matching row's first sort key lies within it (inclusive), so the row groups of an
+        opened file whose statistics lie outside are not read.
         """
         self._check()
         key = sort_keys[0][0]
@@ -170,7 +173,7 @@ class DeltaRsSnapshot:
         lows = actions[f"min.{key}"]
         # Files without statistics first (they may hold anything), then by their minimum.
         actions = pa.concat_tables([actions.filter(pc.is_null(lows)), actions.filter(pc.is_valid(lows)).sort_by([(f"min.{key}", "ascending")])])
-        open_file = self._file_opener(partition, cols, filter)
+        open_file = self._file_opener(partition, cols, filter, None if key_range is None else (key, *key_range))
         found: list[pa.Table] = []
         rows = 0
         cutoff = None
@@ -189,9 +192,12 @@ class DeltaRsSnapshot:
             return empty.select(list(columns))
         return first_rows(pa.concat_tables(found), limit, sort_keys).select(list(columns))
 
-    def _file_opener(self, partition: str | None, cols: list[str], filter: pc.Expression | None) -> Callable[[str], pa.Table]:
+    def _file_opener(
+        self, partition: str | None, cols: list[str], filter: pc.Expression | None, within: tuple[str, object, object] | None = None,
+    ) -> Callable[[str], pa.Table]:
         """Reads one data file of the snapshot (a path from its add actions): `cols`, rows
-        matching `filter` (the caller already picked the partition's files).
+        matching `filter` (the caller already picked the partition's files), from the row
+        groups whose statistics of column `within[0]` overlap [`within[1]`, `within[2]`] only.
 
         On a local table each file is opened on its own: building the whole table's
         pyarrow dataset first cost O(files) and, at 500 files, half of a push batch.
@@ -207,7 +213,8 @@ class DeltaRsSnapshot:
             schema = pa.schema([f for f in self._spec.schema if f.name != part_col])
 
             def read_local(path: str) -> pa.Table:
-                table = plain(fmt.make_fragment(unquote(path), filesystem=fs).to_table(columns=file_cols, filter=filter, schema=schema))
+                fragment = row_groups_in(fmt.make_fragment(unquote(path), filesystem=fs), within)
+                table = plain(fragment.to_table(columns=file_cols, filter=filter, schema=schema))
                 if part_col in cols:
                     value = pa.repeat(pa.scalar(partition, self._spec.schema.field(part_col).type), table.num_rows)
                     table = table.append_column(part_col, value)
@@ -222,7 +229,7 @@ class DeltaRsSnapshot:
             fragment = fragments.get(path.rsplit("/", 1)[-1])
             if fragment is None:  # pragma: no cover - log and dataset come from one snapshot
                 raise RuntimeError(f"{self._spec.name}: file {path} of the log is missing from the dataset")
-            return plain(fragment.to_table(columns=cols, filter=expr, use_threads=False, schema=ds.schema))
+            return plain(row_groups_in(fragment, within).to_table(columns=cols, filter=expr, use_threads=False, schema=ds.schema))
 
         return read_fragment
 
@@ -511,7 +518,7 @@ class DeltaRsEngine:
             try:
                 if file_count(dt, spec.partition_column, part) < policy.min_files:
                     continue
-                metrics = compact(dt, spec.partition_column, part, target_size=policy.target_size)
+                metrics = compact_table(dt, spec, part, target_size=policy.target_size)
                 log.info("compacted %s%s: %s files into %s", spec.name, f" {part}" if part else "",
                          metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
             except CommitFailedError:

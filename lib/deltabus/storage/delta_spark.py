@@ -183,8 +183,9 @@ class DeltaSparkSnapshot:
         partition: str | None = None,
         filter: pc.Expression | None = None,
         skip_files: Callable[[pa.Table], pa.Array] | None = None,
+        key_range: tuple[object, object] | None = None,
     ) -> pa.Table:
-        return self._reader.read_first(limit, sort_keys, columns, partition, filter, skip_files)
+        return self._reader.read_first(limit, sort_keys, columns, partition, filter, skip_files, key_range)
 
     def _claim(self, partitions: Sequence[str] | None = None, app_ids: Sequence[str] = ()) -> None:
         """Refuse a second write, and a write on what moved since the snapshot.

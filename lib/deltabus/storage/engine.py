@@ -113,6 +113,7 @@ class Snapshot(Protocol):
         partition: str | None = None,
         filter: pc.Expression | None = None,
         skip_files: "Callable[[pa.Table], pa.Array] | None" = None,
+        key_range: tuple[object, object] | None = None,
     ) -> pa.Table: ...
 
     def file_stats(self, partition: str | None = None) -> pa.Table:
@@ -209,7 +210,7 @@ def read_by_ids(snap: "Snapshot", ids: Sequence[str] | pa.Array, columns: Sequen
 
     return snap.read_first(
         len(wanted), [("message_id", "ascending")], columns, partition=partition,
-        filter=pc.field("message_id").cast(pa.string()).isin(wanted), skip_files=outside,
+        filter=pc.field("message_id").cast(pa.string()).isin(wanted), skip_files=outside, key_range=(lo, hi),
     )
 
 

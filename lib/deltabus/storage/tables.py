@@ -74,6 +74,21 @@ SCHEMA_VERSION_KEY = "deltabus.schemaVersion"
 
 
 @dataclass(frozen=True, slots=True)
+class FileLayout:
+    """The files a compaction writes: about `target_size` bytes each, in row groups of at
+    most `row_group_rows` rows."""
+
+    target_size: int
+    row_group_rows: int
+
+    def __post_init__(self) -> None:
+        if self.target_size < 1:
+            raise ValueError(f"FileLayout.target_size: must be >= 1 byte, got {self.target_size}")
+        if self.row_group_rows < 1:
+            raise ValueError(f"FileLayout.row_group_rows: must be >= 1, got {self.row_group_rows}")
+
+
+@dataclass(frozen=True, slots=True)
 class TableSpec:
     """One table: ``layers[v - 1]`` holds the columns schema version ``v`` added.
 
@@ -93,6 +108,9 @@ class TableSpec:
     # claims none of them, so writers on different subscriptions adding history to the same
     # day partition never conflict (delta-spark's snapshot check, ``storage/delta_spark``).
     insert_only_prefix: str | None = None
+    # How this engine's compactions lay out the table's files (None: delta-rs's defaults),
+    # whatever the table's own properties say: a warehouse made before a layout changed gets it too.
+    layout: "FileLayout | None" = None
     schema: pa.Schema = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -204,6 +222,15 @@ MESSAGES = TableSpec(
     ),
     partition_by=("topic_uid",),
     configuration={"delta.enableChangeDataFeed": "true"},
+    # Payloads are looked up by message id (``read_by_ids``), a thousand at a time, and a
+    # lookup reads whole row groups of the files whose id range holds the ids. With
+    # delta-rs's defaults (100 MB files, 1M-row row groups) auto-compaction kept folding
+    # every new file into one growing file of interleaved rows: at a backlog of 10M
+    # messages (100-byte payloads, 1,000 a publish) the topic was one 10M-row file whose
+    # every row group spanned the whole id range, a lookup of 1,000 ids took 450 ms, and
+    # every 50th publish rewrote all 10M rows. Bounded files keep each one to a narrow id
+    # range and leave it alone once full; small row groups let a lookup skip most of a file.
+    layout=FileLayout(target_size=8 * 1024 * 1024, row_group_rows=16_384),
 )
 
 DELIVERIES = TableSpec(
