@@ -19,8 +19,9 @@ from deltalake import DeltaTable
 
 from deltabus import PublisherClient, SubscriberClient
 from deltabus.storage import MatchedDelete, MatchedUpdate, NotMatchedInsert, open_engine
-from deltabus.storage.arrow import read_table
+from deltabus.storage.arrow import plain, read_table
 from deltabus.storage.clock import StorageClock
+from deltabus.storage.commit_files import inserted_files
 from deltabus.storage.tables import ALL, DELIVERIES, TS
 from tests.conftest import delivery_state, requires_delta
 
@@ -241,6 +242,59 @@ def test_change_feed_returns_inserted_rows_with_their_versions(engine):
     assert got["_commit_version"].to_pylist() == [end]
     assert got.schema.field("_commit_version").type == pa.int64()
     assert last > first
+
+
+def _feed_inserts(uri: str, start: int, end: int, partition: str | None) -> list[tuple[str, int]]:
+    """delta-rs's own change feed: the reference the engine's change reads must match."""
+    t = plain(DeltaTable(uri).load_cdf(starting_version=start, ending_version=end,
+                                       columns=["topic_uid", "message_id", "_change_type", "_commit_version"]))
+    t = t.filter(pc.equal(t["_change_type"], "insert"))
+    if partition is not None:
+        t = t.filter(pc.equal(t["topic_uid"].cast(pa.string()), partition))
+    return sorted(zip(t["message_id"].cast(pa.string()).to_pylist(), t["_commit_version"].cast(pa.int64()).to_pylist()))
+
+
+def test_change_reads_match_the_change_feed_across_appends_compaction_and_a_delete(engine):
+    """The change reads (delta-rs reads the commit files of versions that only added files,
+    storage/commit_files.py; the change feed otherwise) give exactly the change feed's
+    inserts, with their versions and the partition column, over every range of a history
+    with appends to two partitions, a compaction (no new rows) and a delete (change-data
+    files: the change feed)."""
+
+    def msgs(topic: str, ids: list[str]) -> pa.Table:
+        n = len(ids)
+        return pa.table({
+            "topic_uid": [topic] * n, "topic": [topic] * n, "message_id": ids, "data": [b"x"] * n,
+            "attributes": pa.array([[("k", i)] for i in ids], pa.map_(pa.string(), pa.string())),
+            "ordering_key": [""] * n, "publish_time": pa.array(range(n), TS), "size_bytes": pa.array([1] * n, pa.int64()),
+        })
+
+    first = engine.version("messages") + 1
+    for i in range(4):
+        engine.append("messages", pa.concat_tables([msgs("t1", [f"a{i}-{k}" for k in range(3)]), msgs("t2", [f"b{i}"])]))
+    uri = engine.table_uri("messages")
+    DeltaTable(uri).optimize.compact(partition_filters=[("topic_uid", "=", "t1")])  # dataChange false: no new rows
+    engine.append("messages", msgs("t1", ["c0", "c1"]))
+    engine.transact("messages", lambda snap: snap.delete("message_id = 'a0-1'"), what="delete one")  # a rewrite with cdc files
+    engine.append("messages", msgs("t2", ["d0"]))
+    last = engine.version("messages")
+    assert last - first >= 7
+    log_dir = f"{uri}/_delta_log"
+    assert inserted_files(log_dir, first, first + 3, "topic_uid", "t1") is not None  # appends: the commit files are read
+    assert inserted_files(log_dir, last - 1, last - 1, "topic_uid", None) is None  # the delete: the change feed
+    for a in range(first, last + 1):
+        for b in range(a, last + 1):
+            for part in ("t1", "t2", None):
+                got = engine.snapshot("messages").changes(a, b, ["message_id", "topic_uid", "attributes"], partition=part)
+                pairs = sorted(zip(got["message_id"].to_pylist(), got["_commit_version"].to_pylist()))
+                assert pairs == _feed_inserts(uri, a, b, part), (a, b, part)
+                assert got.schema.field("_commit_version").type == pa.int64()
+                assert got.schema.field("message_id").type == pa.string()
+                assert all(t == dict(attrs)["k"] for t, attrs in zip(got["message_id"].to_pylist(), got["attributes"].to_pylist()))
+                if part is not None:
+                    assert set(got["topic_uid"].to_pylist()) <= {part}
+                else:
+                    assert all((t == "t1") == (m[0] in "ac") for t, m in zip(got["topic_uid"].to_pylist(), got["message_id"].to_pylist()))
 
 
 def test_pull_and_ack_through_the_clients_on_this_engine(engine, warehouse):

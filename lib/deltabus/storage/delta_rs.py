@@ -22,6 +22,7 @@ from ..errors import Aborted, StorageFull
 from ..policy.backoff import Backoff
 from .arrow import dataset, plain, row_groups_in, scan_threads
 from .clock import CommitObserver, local_folder
+from .commit_files import Inserted, inserted_files
 from .log_repair import MISSING_HINTED, drop_stale_hint, open_table
 from .maintenance import AutoCompact, LogCleanup, clean_log, compact_table, file_count, post_commit_hooks
 from .engine import AppTxn, Clause, MatchedDelete, MatchedUpdate, NotMatchedInsert, WriteRaced, first_rows, literal, partition_files, txn_done, txn_list
@@ -310,14 +311,45 @@ class DeltaRsSnapshot:
         return self._dt.transaction_version(app_id)
 
     def changes(self, start: int, end: int, columns: Sequence[str], partition: str | None = None) -> pa.Table:
-        """Rows inserted in versions start..end (inclusive), with ``_commit_version``."""
+        """Rows inserted in versions start..end (inclusive), with ``_commit_version``.
+
+        On a local table whose versions only added files, those files are read directly
+        (storage/commit_files.py says why); otherwise delta-rs's change feed."""
         self._check()
+        if "://" not in self._uri or self._uri.startswith("file://"):
+            root = self._uri.removeprefix("file://")
+            files = inserted_files(os.path.join(root, "_delta_log"), start, end, self._spec.partition_column, partition)
+            if files is not None:
+                return self._read_inserted(root, files, list(columns))
         predicate = self._partition_sql(partition)
         cols = list(dict.fromkeys([*columns, "_change_type", "_commit_version"]))
         reader = self._dt.load_cdf(starting_version=start, ending_version=end, columns=cols, predicate=predicate)
         table = plain(reader)
         table = table.filter(pc.equal(table["_change_type"], "insert")).select([*columns, "_commit_version"])
         return table.set_column(len(columns), "_commit_version", pc.cast(table["_commit_version"], pa.int64()))
+
+    def _read_inserted(self, root: str, files: Sequence[Inserted], columns: list[str]) -> pa.Table:
+        """`columns` of the data files `files` (from ``inserted_files``),
+        with ``_commit_version``: the change feed's inserts of those versions."""
+        import pyarrow.dataset as pads
+        import pyarrow.fs as pafs
+
+        part_col = self._spec.partition_column
+        fs = pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
+        fmt = pads.ParquetFileFormat()
+        file_cols = [c for c in columns if c != part_col]
+        schema = pa.schema([f for f in self._spec.schema if f.name != part_col])
+        out_schema = pa.schema([*(self._spec.schema.field(c) for c in columns), pa.field("_commit_version", pa.int64())])
+        parts = []
+        for version, path, value in files:
+            table = plain(fmt.make_fragment(unquote(path), filesystem=fs).to_table(columns=file_cols, schema=schema))
+            if part_col is not None and part_col in columns:
+                table = table.append_column(part_col, pa.repeat(pa.scalar(value, self._spec.schema.field(part_col).type), table.num_rows))
+            table = table.append_column("_commit_version", pa.repeat(pa.scalar(version, pa.int64()), table.num_rows))
+            parts.append(table.select([*columns, "_commit_version"]).cast(out_schema))
+        if not parts:
+            return out_schema.empty_table()
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
 class DeltaRsEngine:
