@@ -297,6 +297,33 @@ def test_change_reads_match_the_change_feed_across_appends_compaction_and_a_dele
                     assert all((t == "t1") == (m[0] in "ac") for t, m in zip(got["topic_uid"].to_pylist(), got["message_id"].to_pylist()))
 
 
+def test_change_reads_of_appends_skip_the_change_feed_and_carry_every_column(engine, monkeypatch):
+    """Versions that only appended are read from their commit files (storage/commit_files.py:
+    delta-rs's load_cdf costs in proportion to the versions after the read's start), and
+    every column comes back as the change feed gives it."""
+    pub = PublisherClient(engine=engine)
+    topic = pub.topic_path("p", "cols")
+    pub.create_topic(name=topic)
+    first = engine.version("messages") + 1
+    for i in range(3):
+        pub.publish_batch(topic, [{"data": f"{i}-{k}".encode(), "attributes": {"k": str(k)}, "ordering_key": "ok" if k % 2 else ""}
+                                  for k in range(4)])
+    last = engine.version("messages")
+    columns = ["topic_uid", "message_id", "data", "attributes", "ordering_key", "publish_time", "size_bytes"]
+    feed = plain(DeltaTable(engine.table_uri("messages")).load_cdf(starting_version=first, ending_version=last,
+                                                                   columns=[*columns, "_change_type", "_commit_version"]))
+    feed = feed.filter(pc.equal(feed["_change_type"], "insert")).select([*columns, "_commit_version"])
+    feed = feed.set_column(len(columns), "_commit_version", pc.cast(feed["_commit_version"], pa.int64()))
+
+    def refused(*args, **kwargs):
+        raise AssertionError("load_cdf was called for versions that only appended")
+
+    monkeypatch.setattr(DeltaTable, "load_cdf", refused)
+    got = engine.snapshot("messages").changes(first, last, columns)
+    assert got.num_rows == feed.num_rows == 12
+    assert got.sort_by("message_id").to_pylist() == feed.sort_by("message_id").to_pylist()
+
+
 def test_pull_and_ack_through_the_clients_on_this_engine(engine, warehouse):
     pub = PublisherClient(engine=engine)
     sub = SubscriberClient(engine=engine)

@@ -41,3 +41,24 @@ def test_anything_but_added_files_leaves_it_to_the_change_feed(tmp_path: Path) -
         assert inserted_files(str(tmp_path), v, v, "p", "a") is None, v
         assert inserted_files(str(tmp_path), 1, v, "p", None) is None, v
     assert inserted_files(str(tmp_path), 7, 7, "p", None) is None  # not written (or cleaned): the feed decides
+
+
+def test_absolute_paths_and_unreadable_lines_leave_it_to_the_change_feed(tmp_path: Path) -> None:
+    write(tmp_path, 1, add("file:/tmp/src/p=a/f1.parquet", "a"))  # Spark's local URI (shallow clone, convert)
+    write(tmp_path, 2, add("/tmp/src/p=a/f2.parquet", "a"))
+    write(tmp_path, 3, add("abfss://c@a.example/t/f3.parquet", "a"))
+    (tmp_path / f"{4:020d}.json").write_text('{"add": {"path": "p=a/f4.parquet", "dataChange": tr\n')
+    (tmp_path / f"{5:020d}.json").write_text('["not", "an", "action"]\n')
+    write(tmp_path, 6, {"add": "p=a/f6.parquet"})
+    write(tmp_path, 7, add("", "a"))
+    for v in range(1, 8):
+        assert inserted_files(str(tmp_path), v, v, "p", None) is None, v
+
+
+def test_a_null_partition_value_is_none_and_matches_no_named_partition(tmp_path: Path) -> None:
+    write(tmp_path, 1, {"add": {"path": "p=__HIVE_DEFAULT_PARTITION__/f1.parquet", "partitionValues": {"p": None}, "dataChange": True}})
+    write(tmp_path, 2, {"add": {"path": "f2.parquet", "partitionValues": {}, "dataChange": True}})
+    assert inserted_files(str(tmp_path), 1, 2, "p", None) == [
+        Inserted(1, "p=__HIVE_DEFAULT_PARTITION__/f1.parquet", None), Inserted(2, "f2.parquet", None)]
+    assert inserted_files(str(tmp_path), 1, 2, "p", "a") == []
+    assert inserted_files(str(tmp_path), 2, 2, None, None) == [Inserted(2, "f2.parquet", None)]

@@ -85,6 +85,15 @@ def row_groups_in(fragment: Any, within: "tuple[str, Any, Any] | None") -> Any:
     if within is None:
         return fragment
     column, lo, hi = within
-    groups = fragment.row_groups
-    keep = row_groups_within([(g.statistics or {}).get(column) for g in groups], lo, hi)
-    return fragment if len(keep) == len(groups) else fragment.subset(row_group_ids=keep)
+    fragment.ensure_complete_metadata()
+    meta = fragment.metadata
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if column not in names:
+        return fragment
+    index = names.index(column)
+    stats: list[dict[str, Any] | None] = []
+    for g in range(meta.num_row_groups):  # the key column's statistics only, not every column's
+        s = meta.row_group(g).column(index).statistics
+        stats.append({"min": s.min, "max": s.max} if s is not None and s.has_min_max else None)
+    keep = row_groups_within(stats, lo, hi)
+    return fragment if len(keep) == meta.num_row_groups else fragment.subset(row_group_ids=keep)

@@ -37,6 +37,16 @@ class Inserted(NamedTuple):
 _INERT = frozenset({"commitInfo", "txn", "metaData", "protocol", "domainMetadata", "checkpointMetadata", "sidecar"})
 
 
+def _relative(path: object) -> bool:
+    """Is `path` a data file path relative to the table's root? Absolute ones (a scheme such
+    as ``s3://`` or Spark's ``file:/...``, or a leading ``/``: shallow clones, converted
+    tables) are left to delta-rs."""
+    if not isinstance(path, str) or not path or path.startswith("/"):
+        return False
+    head = path.split("/", 1)[0]
+    return ":" not in head
+
+
 def inserted_files(log_dir: str, start: int, end: int, partition_column: str | None, partition: str | None) -> list[Inserted] | None:
     out: list[Inserted] = []
     for version in range(start, end + 1):
@@ -48,13 +58,18 @@ def inserted_files(log_dir: str, start: int, end: int, partition_column: str | N
         for line in lines:
             if not line.strip():
                 continue
-            action = json.loads(line)
+            try:
+                action = json.loads(line)
+            except ValueError:
+                return None  # not what Delta writes (commit files are renamed into place whole): delta-rs decides
+            if not isinstance(action, dict):
+                return None
             for kind, body in action.items():
                 if kind in _INERT:
                     continue
-                if kind == "remove" and not body.get("dataChange", True):
+                if kind == "remove" and isinstance(body, dict) and not body.get("dataChange", True):
                     continue
-                if kind != "add" or body.get("deletionVector") or "://" in body.get("path", "://"):
+                if kind != "add" or not isinstance(body, dict) or body.get("deletionVector") or not _relative(body.get("path")):
                     return None  # cdc, a data-changing remove, anything unknown: the change feed decides
                 if not body.get("dataChange", True):
                     continue  # a compaction's rewrite: no new rows
