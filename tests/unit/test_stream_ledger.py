@@ -368,7 +368,9 @@ def test_stop_keeps_the_heartbeat_while_the_leaser_runs_and_releases_only_its_ow
     assert os.path.getmtime(rt.owner.beat_path) > first and _owner_run(tmp_path) == "A"
     stuck.set()
     deadline = time.time() + 5
-    while os.path.exists(tmp_path / "owner.json") and time.time() < deadline:
+    # release() removes owner.json, then the heartbeat file: wait for both (CI once looked
+    # between the two, on a loaded machine).
+    while (os.path.exists(tmp_path / "owner.json") or os.path.exists(rt.owner.beat_path)) and time.time() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(tmp_path / "owner.json") and not os.path.exists(rt.owner.beat_path)
     assert not rt._beater.is_alive()
