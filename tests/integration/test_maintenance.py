@@ -4,6 +4,7 @@ delivered, and `deltabus maintenance` compacts, checkpoints and vacuums a live w
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ from deltabus.storage.maintenance import EXPIRED_LOG_CLEANUP_EVERY, AutoCompact,
 from deltabus.storage.tables import TableSpec
 from tests.conftest import table_versions
 from tests.integration.test_cli import run
+from tests.integration.test_seek import drain
 
 
 
@@ -23,14 +25,20 @@ def _messages_files(warehouse: str) -> int:
     return file_count(DeltaTable(f"{warehouse}/messages"), None, None)
 
 
-def test_auto_compaction_bounds_files_and_every_message_is_delivered_once(warehouse):
-    engine = DeltaRsEngine(warehouse, auto_compact=AutoCompact(every=5, min_files=4))
+def _topic_and_subscription(engine: DeltaRsEngine, topic_id: str, ack_deadline_seconds: int) -> tuple[PublisherClient, SubscriberClient, str, str]:
+    """Clients over `engine`, a topic and a subscription to it (named after `topic_id`)."""
     engine.ensure_tables()
     pub, sub = PublisherClient(engine=engine), SubscriberClient(engine=engine)
-    topic = pub.topic_path("m", "orders")
-    name = sub.subscription_path("m", "orders-sub")
+    topic = pub.topic_path("m", topic_id)
+    name = sub.subscription_path("m", f"{topic_id}-sub")
     pub.create_topic(name=topic)
-    sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=60)
+    sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=ack_deadline_seconds)
+    return pub, sub, topic, name
+
+
+def test_auto_compaction_bounds_files_and_every_message_is_delivered_once(warehouse):
+    engine = DeltaRsEngine(warehouse, auto_compact=AutoCompact(every=5, min_files=4))
+    pub, sub, topic, name = _topic_and_subscription(engine, "orders", 60)
     published: list[str] = []
     for i in range(40):
         published += pub.publish_batch(topic, [{"data": f"{i}-{k}".encode()} for k in range(5)])
@@ -129,12 +137,20 @@ def _message(i: int) -> pa.Table:
     return pa.Table.from_pylist([row], schema=MESSAGES.schema)
 
 
-def test_a_log_cleanup_killed_halfway_leaves_a_readable_table_and_the_next_one_finishes(warehouse):
+def _run_until_killed(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter over this checkout's lib/ and check that it ended by
+    SIGKILL (it kills itself at the moment the test wants)."""
     import signal
-    import subprocess
     import sys
     from pathlib import Path
 
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "lib")}
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    return proc
+
+
+def test_a_log_cleanup_killed_halfway_leaves_a_readable_table_and_the_next_one_finishes(warehouse):
     from deltabus.storage.maintenance import LogCleanup, clean_log
     from deltabus.storage.tables import DELIVERIES
 
@@ -156,10 +172,7 @@ def test_a_log_cleanup_killed_halfway_leaves_a_readable_table_and_the_next_one_f
         "m.os.remove = remove\n"
         "m.clean_log(sys.argv[1], time.time() + 3600, 900)\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root / "lib")}
-    proc = subprocess.run([sys.executable, "-c", code, uri], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    _run_until_killed(code, uri)
     old = lambda: [f for f in os.listdir(f"{uri}/_delta_log") if f.endswith(".json") and int(f[:20]) < 99]  # noqa: E731
     assert 0 < len(old()) < 99  # killed halfway: some of the commit files before the checkpoint remain
     snap = DeltaRsEngine(warehouse).snapshot("deliveries")
@@ -309,21 +322,10 @@ def test_a_publisher_killed_during_a_messages_compaction_loses_and_duplicates_no
     (``TableSpec.layout``): the table still reads, every message whose publish returned is
     there exactly once, no message is there twice, a subscription made before gets each one
     exactly once, and the next compaction completes."""
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from deltabus.storage.maintenance import compact_table
     from deltabus.storage.tables import MESSAGES
 
-    setup = DeltaRsEngine(warehouse, auto_compact=None)
-    setup.ensure_tables()
-    pub, sub = PublisherClient(engine=setup), SubscriberClient(engine=setup)
-    topic = pub.topic_path("k", "killed")
-    name = sub.subscription_path("k", "killed-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
+    pub, sub, topic, name = _topic_and_subscription(DeltaRsEngine(warehouse, auto_compact=None), "killed", 600)
     # The child publishes batches of incompressible payloads (so a compaction takes tens of
     # ms), prints each batch's ids once publish_batch returns, and SIGKILLs itself `delay`
     # seconds into the first compaction (delta-rs writes the new files, then commits).
@@ -343,10 +345,7 @@ def test_a_publisher_killed_during_a_messages_compaction_loses_and_duplicates_no
         "    ids = pub.publish_batch(sys.argv[2], [{'data': os.urandom(100)} for _ in range(5000)])\n"
         "    print(' '.join(ids), 'END', flush=True)\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root / "lib")}
-    proc = subprocess.run([sys.executable, "-c", code, warehouse, topic, str(delay)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    proc = _run_until_killed(code, warehouse, topic, str(delay))
     # Only whole lines (a kill can land while a line is being written).
     returned = [m for line in proc.stdout.splitlines() if line.endswith(" END") for m in line.split()[:-1]]
     assert len(returned) >= 5000 * 3  # the first compaction comes after a few publishes
@@ -357,14 +356,8 @@ def test_a_publisher_killed_during_a_messages_compaction_loses_and_duplicates_no
     ids = stored()
     assert len(ids) == len(set(ids)), "a message is stored twice"
     assert set(returned) <= set(ids), "a message whose publish returned is gone"
-    got: list[str] = []
-    while True:
-        batch = sub.pull(subscription=name, max_messages=5000, return_immediately=True).received_messages
-        if not batch:
-            break
-        got += [m.message.message_id for m in batch]
-        sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in batch])
-    assert sorted(got) == sorted(ids)
+    payloads = sorted(DeltaTable(f"{warehouse}/messages").to_pyarrow_table(columns=["data"])["data"].to_pylist())
+    assert drain(sub, name) == payloads  # each stored message delivered exactly once (the payloads are random)
     dt = DeltaTable(f"{warehouse}/messages")
     topic_uid = pa.table(dt.get_add_actions(flatten=True)).column("partition.topic_uid")[0].as_py()
     compact_table(dt, MESSAGES, topic_uid)  # the next compaction completes
