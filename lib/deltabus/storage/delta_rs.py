@@ -203,25 +203,10 @@ class DeltaRsSnapshot:
         On a local table each file is opened on its own: building the whole table's
         pyarrow dataset first cost O(files) and, at 500 files, half of a push batch.
         Other stores go through delta-rs's dataset."""
-        part_col = self._spec.partition_column
-        if "://" not in self._uri or self._uri.startswith("file://"):
-            import pyarrow.dataset as pads
-            import pyarrow.fs as pafs
-
-            fs = pafs.SubTreeFileSystem(self._uri.removeprefix("file://"), pafs.LocalFileSystem())
-            fmt = pads.ParquetFileFormat()
-            file_cols = [c for c in cols if c != part_col]
-            schema = pa.schema([f for f in self._spec.schema if f.name != part_col])
-
-            def read_local(path: str) -> pa.Table:
-                fragment = row_groups_in(fmt.make_fragment(unquote(path), filesystem=fs), within)
-                table = plain(fragment.to_table(columns=file_cols, filter=filter, schema=schema))
-                if part_col in cols:
-                    value = pa.repeat(pa.scalar(partition, self._spec.schema.field(part_col).type), table.num_rows)
-                    table = table.append_column(part_col, value)
-                return table.select(cols)
-
-            return read_local
+        root = self._local_root()
+        if root is not None:
+            read = self._local_reader(root, cols, filter, within)
+            return lambda path: read(path, partition)
         ds = dataset(self._dt, self._uri, self._partition_sql(partition))
         fragments = {f.path.rsplit("/", 1)[-1]: f for f in ds.get_fragments()}
         expr = self._filter(partition, filter)
@@ -233,6 +218,35 @@ class DeltaRsSnapshot:
             return plain(row_groups_in(fragment, within).to_table(columns=cols, filter=expr, use_threads=False, schema=ds.schema))
 
         return read_fragment
+
+    def _local_root(self) -> str | None:
+        """The table's directory when it is on the local disk, else None."""
+        return self._uri.removeprefix("file://") if "://" not in self._uri or self._uri.startswith("file://") else None
+
+    def _local_reader(
+        self, root: str, cols: list[str], filter: pc.Expression | None, within: tuple[str, object, object] | None = None,
+    ) -> Callable[[str, str | None], pa.Table]:
+        """Reads one data file under `root` (a path from the log) given its partition value:
+        `cols` (the partition column filled with that value), rows matching `filter`, from
+        the row groups ``row_groups_in`` keeps for `within`."""
+        import pyarrow.dataset as pads
+        import pyarrow.fs as pafs
+
+        part_col = self._spec.partition_column
+        fs = pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
+        fmt = pads.ParquetFileFormat()
+        file_cols = [c for c in cols if c != part_col]
+        schema = pa.schema([f for f in self._spec.schema if f.name != part_col])
+
+        def read(path: str, partition_value: str | None) -> pa.Table:
+            fragment = row_groups_in(fmt.make_fragment(unquote(path), filesystem=fs), within)
+            table = plain(fragment.to_table(columns=file_cols, filter=filter, schema=schema))
+            if part_col is not None and part_col in cols:
+                value = pa.repeat(pa.scalar(partition_value, self._spec.schema.field(part_col).type), table.num_rows)
+                table = table.append_column(part_col, value)
+            return table.select(cols)
+
+        return read
 
     def _partition_sql(self, partition: str | None) -> str | None:
         if partition is None:
@@ -316,8 +330,8 @@ class DeltaRsSnapshot:
         On a local table whose versions only added files, those files are read directly
         (storage/commit_files.py says why); otherwise delta-rs's change feed."""
         self._check()
-        if "://" not in self._uri or self._uri.startswith("file://"):
-            root = self._uri.removeprefix("file://")
+        root = self._local_root()
+        if root is not None:
             files = inserted_files(os.path.join(root, "_delta_log"), start, end, self._spec.partition_column, partition)
             if files is not None:
                 return self._read_inserted(root, files, list(columns))
@@ -331,22 +345,13 @@ class DeltaRsSnapshot:
     def _read_inserted(self, root: str, files: Sequence[Inserted], columns: list[str]) -> pa.Table:
         """`columns` of the data files `files` (from ``inserted_files``),
         with ``_commit_version``: the change feed's inserts of those versions."""
-        import pyarrow.dataset as pads
-        import pyarrow.fs as pafs
-
-        part_col = self._spec.partition_column
-        fs = pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
-        fmt = pads.ParquetFileFormat()
-        file_cols = [c for c in columns if c != part_col]
-        schema = pa.schema([f for f in self._spec.schema if f.name != part_col])
+        read = self._local_reader(root, columns, None)
         out_schema = pa.schema([*(self._spec.schema.field(c) for c in columns), pa.field("_commit_version", pa.int64())])
         parts = []
         for version, path, value in files:
-            table = plain(fmt.make_fragment(unquote(path), filesystem=fs).to_table(columns=file_cols, schema=schema))
-            if part_col is not None and part_col in columns:
-                table = table.append_column(part_col, pa.repeat(pa.scalar(value, self._spec.schema.field(part_col).type), table.num_rows))
+            table = read(path, value)
             table = table.append_column("_commit_version", pa.repeat(pa.scalar(version, pa.int64()), table.num_rows))
-            parts.append(table.select([*columns, "_commit_version"]).cast(out_schema))
+            parts.append(table.cast(out_schema))
         if not parts:
             return out_schema.empty_table()
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
