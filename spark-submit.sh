@@ -10,6 +10,10 @@
 #   (pure Python) on --py-files, and the settings file on --files. Executors still need
 #   deltabus's dependencies (deltalake, pyarrow, aiohttp, pyjwt) in their Python; see README.
 #   DELTABUS_SHIP=0 skips shipping.
+# - spark-submit runs in a session of its own (scripts/own_session.py): SIGTERM, SIGINT, SIGHUP
+#   and SIGQUIT to this script's pid or group (a terminal's Ctrl-C) reach the driver JVM only,
+#   never the helpers it forks (Hadoop's chmods), and the exit status is the JVM's. SIGKILL to
+#   the group still ends everything: the JVM and its group are killed when this process dies.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
@@ -74,4 +78,4 @@ if ! "$DELTABUS_PY" -m deltabus.spark.delta_jars submit-args --cache "$ROOT/buil
   rm -f "$plan"; exit 1
 fi
 mapfile -d '' args <"$plan"; rm -f "$plan"
-exec "$ROOT/.venv/bin/spark-submit" "${ship[@]}" "${args[@]}"
+exec "$DELTABUS_PY" "$ROOT/scripts/own_session.py" -- "$ROOT/.venv/bin/spark-submit" "${ship[@]}" "${args[@]}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import time
 import pytest
 
 from deltabus import SubscriberClient
+from deltabus.spark.standalone import kill_tree
 from tests import background
 from tests.background import in_warehouse
 from tests.conftest import ROOT
@@ -60,7 +60,11 @@ def sigkill_mid_run_and_restart_loses_nothing(pub, topic, warehouse, tmp_path):
                 time.sleep(0.1)
             assert len(ep.snapshot()) >= 300
         finally:
-            os.killpg(job.pid, signal.SIGKILL)  # the whole job: spark-submit, the JVM, its Python workers
+            # The whole job at once: spark-submit.sh, the JVM, the Python driver and the push
+            # workers, which pyspark's daemon keeps in a group of their own (after a killpg of the
+            # job's group they went on pushing what they held until the daemon saw the JVM die,
+            # and those pushes could land after the count below). Frozen first, nothing escapes.
+            kill_tree(job.pid)
             job.wait(30)
         before = {json.loads(r.body)["message"]["messageId"] for r in ep.snapshot()}
         pushes_before = len(ep.snapshot())

@@ -1,6 +1,7 @@
 """Stopping jobs/deliver.py as operators do: SIGTERM from a scheduler, Ctrl-C from a terminal.
 
-Through ./spark-submit.sh, whose pid is the driver JVM (it execs spark-submit). Every message
+Through ./spark-submit.sh, which passes the signals its pid or its group gets to the driver JVM
+alone (scripts/own_session.py). Every message
 must be accounted for: pushed, acked at the endpoint and merged (gone from `deliveries`), or
 still unacked in `deliveries` (its lease expires and it is pushed again).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -32,9 +34,11 @@ NOISE = ("FairSchedulableBuilder", "Failed to cancel job group", "falling behind
          "resolves to a loopback address", "[Stage")
 
 
-def start(warehouse, tmp_path, *args):
+def start(warehouse, tmp_path, *args, path_first=None):
     env = {k: v for k, v in background.env().items() if not k.startswith("PYSPARK")}
     env["DELTABUS_ALLOW_HTTP"] = "1"
+    if path_first is not None:  # programs the job's processes find before the system's
+        env["PATH"] = f"{path_first}{os.pathsep}{env.get('PATH', os.defpath)}"
     out, err = tmp_path / "out.log", tmp_path / "err.log"
     job = subprocess.Popen(
         [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", warehouse, "--trigger-interval", "0.2", *args],
@@ -102,7 +106,7 @@ def sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(pub, top
         job, out, err = start(warehouse, tmp_path)
         try:
             wait_for_pushes(job, ep, 300, err)
-            os.kill(job.pid, signal.SIGTERM)  # as a scheduler does: the spark-submit.sh pid (the driver JVM)
+            os.kill(job.pid, signal.SIGTERM)  # as a scheduler does: the spark-submit.sh pid
             summary, stdout, stderr = check_clean_stop(job, out, err, "SIGTERM")
         finally:
             if job.poll() is None:
@@ -113,18 +117,60 @@ def sigterm_to_spark_submit_stops_cleanly_and_merges_what_was_in_flight(pub, top
         assert noise not in stderr + stdout, noise
 
 
+def slow_chmod(tmp_path):
+    """A directory holding a `chmod` that takes 0.3 s, for the job's PATH.
+
+    Without Hadoop's native library, RawLocalFileSystem sets the permissions of every file it
+    creates (each streaming checkpoint log file and its .crc) by forking `chmod`, which
+    takes milliseconds; a Ctrl-C that lands during one used to kill it (exit 130), and Spark
+    printed the ``Shell$ExitCodeException`` while the job stopped. A slow `chmod` makes that
+    moment long enough to aim at. Each run leaves `<pid>.running`, renamed `<pid>.done` when
+    its pause ends: one killed by a signal never gets there."""
+    real = shutil.which("chmod")
+    assert real, "no chmod on PATH"
+    bin_dir, marks = tmp_path / "bin", tmp_path / "chmods"
+    bin_dir.mkdir()
+    marks.mkdir()
+    script = bin_dir / "chmod"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"mark='{marks}'/$$\n"
+        ': > "$mark.running"\n'
+        "sleep 0.3\n"
+        'mv "$mark.running" "$mark.done"\n'
+        f"exec '{real}' \"$@\"\n"
+    )
+    script.chmod(0o755)
+    return bin_dir, marks
+
+
+def a_chmod_running(job, marks, err):
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        assert job.poll() is None, err.read_text()[-3000:]
+        running = sorted(marks.glob("*.running"))
+        if running:
+            return running[0]
+        time.sleep(0.01)
+    raise AssertionError("no chmod ran for 60 s")
+
+
 def ctrl_c_to_the_process_group_stops_cleanly(pub, topic, warehouse, tmp_path):
+    bin_dir, marks = slow_chmod(tmp_path)
     with Endpoint(Behaviour(lambda r, n: (200, 0.05))) as ep:
         published = push_setup(pub, topic, warehouse, ep)
-        job, out, err = start(warehouse, tmp_path, "--verbose")
+        job, out, err = start(warehouse, tmp_path, "--verbose", path_first=bin_dir)
         try:
             wait_for_pushes(job, ep, 300, err)
+            running = a_chmod_running(job, marks, err)
             os.killpg(job.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the foreground group
             summary, stdout, stderr = check_clean_stop(job, out, err, "SIGINT")
         finally:
             if job.poll() is None:
                 os.killpg(job.pid, signal.SIGKILL)
         check_accounted_for(published, ep, warehouse, summary)
+    # The chmod Hadoop was running when Ctrl-C came finished: the keypress never reached it.
+    assert running.with_suffix(".done").exists(), sorted(p.name for p in marks.iterdir())
     # --verbose shows more: Spark's INFO logs.
     assert re.search(r" INFO (SparkContext|MicroBatchExecution|DAGScheduler)", stderr), stderr[-2000:]
 

@@ -1,22 +1,24 @@
 """Stop a Spark driver program cleanly on SIGTERM and SIGINT (Ctrl-C), under spark-submit too.
 
-Under ``spark-submit`` (and so ``./spark-submit.sh``, which execs it) the process a scheduler
-signals is the driver JVM (``SparkSubmit``); the Python driver is its child. The JVM's
-default TERM/INT handlers run its shutdown hooks, which stop the SparkContext under the
-Python program's feet: the job died with exit 143 and a ``RpcEnvStoppedException`` trace,
-and nothing in flight was merged. So the Python driver replaces the JVM's TERM and INT
-handlers (``sun.misc.Signal.handle``) with a Python object implementing
-``sun.misc.SignalHandler`` through py4j's callback server (the one pyspark starts for
-``foreachBatch``): the JVM then only tells Python, and Python stops the job in order. This
-keeps plain ``spark-submit`` working, with no wrapper process in between. Python's own
-handlers cover a signal sent to the Python process alone (and a terminal's Ctrl-C, which
-reaches both; ``policy.stopping`` counts that as one signal).
+Under ``spark-submit`` the process a scheduler signals is the driver JVM (``SparkSubmit``);
+the Python driver is its child. ``./spark-submit.sh`` runs it in a session of its own and
+passes SIGTERM and SIGINT, sent to its pid or its group, to the JVM alone
+(scripts/own_session.py). The JVM's default TERM/INT handlers run its shutdown hooks, which
+stop the SparkContext under the Python program's feet: the job died with exit 143 and a
+``RpcEnvStoppedException`` trace, and nothing in flight was merged. So the Python driver
+replaces the JVM's TERM and INT handlers (``sun.misc.Signal.handle``) with a Python object
+implementing ``sun.misc.SignalHandler`` through py4j's callback server (the one pyspark
+starts for ``foreachBatch``): the JVM then only tells Python, and Python stops the job in
+order. This keeps plain ``spark-submit`` working too. Python's own handlers cover a signal
+sent to the Python process alone (and, under plain ``spark-submit``, a terminal's Ctrl-C,
+which reaches both; ``policy.stopping`` counts that as one signal).
 
-Ctrl-C reaches the whole foreground process group. pyspark's daemon puts its workers (the
-push workers among them) in a group of their own. The stream source's Python runner is in
-the JVM's group: it may inherit SIGINT ignored (a shell's background job does), but not
-from a terminal, and under load a Ctrl-C was seen to raise KeyboardInterrupt in it and fail
-the query. So ``spark.source`` ignores SIGINT in that process itself.
+Under plain ``spark-submit``, Ctrl-C reaches the whole foreground process group. pyspark's
+daemon puts its workers (the push workers among them) in a group of their own. The stream
+source's Python runner is in the JVM's group: it may inherit SIGINT ignored (a shell's
+background job does), but not from a terminal, and under load a Ctrl-C was seen to raise
+KeyboardInterrupt in it and fail the query. So ``spark.source`` ignores SIGINT in that
+process itself.
 
 A signal that arrives before the JVM handlers are installed (the first seconds of startup)
 still ends the JVM the default way: nothing has been leased by then.
