@@ -23,8 +23,8 @@ OWN_SESSION = str(ROOT / "scripts" / "own_session.py")
 # the parent's input says so ("exit"), or at EOF.
 COMMAND = r"""
 import json, os, signal, subprocess, sys
-def note(signum, _frame):
-    print(signal.Signals(signum).name, flush=True)
+def note(signum, _frame):  # os.write: a handler's print can land inside the main thread's print
+    os.write(1, (signal.Signals(signum).name + "\n").encode())
 for sig in (signal.SIGINT, signal.SIGTERM):
     if signal.getsignal(sig) != signal.SIG_IGN:
         signal.signal(sig, note)
