@@ -228,7 +228,8 @@ def run(
             if server is not None:
                 server.stop()
     log.info(
-        "stopped (%s) after %d batches: delivered %d acked %d nacked %d",
+        "stopped (%s) after %d batches: delivered %d acked %d nacked %d; at most %d message bytes held at once (cap %d)",
         job.summary.stopped_because, job.summary.batches, job.summary.delivered, job.summary.acked, job.summary.nacked,
+        job.summary.peak_push_bytes, settings.max_queued_bytes,
     )
     return job.summary

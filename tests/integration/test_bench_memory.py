@@ -1,0 +1,46 @@
+"""bench/memory.py: a small real run (3 messages of 10 MB through jobs/deliver.py) and its
+command line. The full-size run of record is in the README (Benchmarks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench import memory
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.spark
+
+
+def test_a_small_run_pushes_every_message_and_reports_its_memory(tmp_path):
+    out = tmp_path / "memory.json"
+    done = subprocess.run([sys.executable, "bench/memory.py", "--messages", "3", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    m = doc["memory"]
+    assert m["messages"] == m["pushed"] == m["acked"] == 3
+    assert m["backlog_bytes"] == 3 * m["message_bytes"] == 30_000_000
+    # The job's own count (its last log line): all three fit under the default cap at once.
+    assert m["cap_bytes"] == 256 * 1024 * 1024
+    assert 0 < m["peak_held_bytes"] <= m["cap_bytes"]
+    assert m["peak_rss_bytes"]["python_driver"] > 0 and m["peak_rss_bytes"]["jvm"] > 0
+    assert m["peak_rss_total_bytes"] >= max(m["peak_rss_bytes"].values())
+    assert m["rss_mib_every_5_s"] and doc["code"]["commit"]
+
+
+def test_roles_of_the_job_s_processes():
+    assert memory._role("/usr/lib/jvm/java-17/bin/java -cp x org.apache.spark.deploy.SparkSubmit") == "jvm"
+    assert memory._role("/work/.venv/bin/python -m pyspark.daemon") == "python_workers"
+    assert memory._role("/work/.venv/bin/python /work/jobs/deliver.py --warehouse w") == "python_driver"
+    assert memory._role("bash ./spark-submit.sh") == "other"
+
+
+def test_a_backlog_of_no_messages_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        memory.main(["--messages", "0"])
+    assert exit_.value.code == 2
+    assert "--messages" in capsys.readouterr().err
