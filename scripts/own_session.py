@@ -49,12 +49,15 @@ class Relay:
 
     def __init__(self) -> None:
         self.pid: int | None = None
+        self.stopped = False
         self._pending: list[int] = []
         for sig in RELAYED:
             if signal.getsignal(sig) != signal.SIG_IGN:
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.stopped:  # the command ended: its pid may be reaped and reused
+            return
         if self.pid is None:
             self._pending.append(signum)
         else:
@@ -77,6 +80,12 @@ def exit_like(status: int) -> NoReturn:
     """End this process as the child whose Popen returncode is `status` ended."""
     if status < 0:
         sig = -status
+        try:  # a JVM that died of SIGSEGV/SIGABRT left its core: ours must not replace it
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        except (ImportError, ValueError, OSError):  # pragma: no cover - no such limit here
+            pass
         if sig not in (signal.SIGKILL, signal.SIGSTOP):  # the two no process can handle
             signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
@@ -116,8 +125,8 @@ def _wait_without_reaping(job: "subprocess.Popen[bytes]") -> None:
 def outer(command: list[str]) -> NoReturn:
     relay = Relay()
     # Our children start with the relayed signals blocked: a copy sent to our group in the
-    # moment before a child leaves it then waits instead of killing it (Python's subprocess
-    # resets handlers in the child). The reaper keeps them blocked; the command unblocks them
+    # moment before a child leaves it then waits instead of killing it (a handler inherited
+    # over fork would run our relay in the child until exec). The reaper keeps them blocked; the command unblocks them
     # once in its own session. We unblock ours (also those a caller left blocked) at the end.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     read_end, write_end = os.pipe()  # write_end is held by this process only: it closes when we die
@@ -146,15 +155,18 @@ def outer(command: list[str]) -> NoReturn:
     relay.to(job.pid)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     _wait_without_reaping(job)
+    relay.stopped = True  # still a zombie here: nothing relayed so far reached another process
     try:
         os.killpg(job.pid, signal.SIGKILL)  # what it left in its group: it has ended, so have they
     except ProcessLookupError:  # nobody is left in it
         pass
-    status = job.wait()
     try:
+        # Before reaping it: once reaped, its pid (the group's id) may be reused, and a reaper
+        # that saw us die after that would kill a stranger's group.
         os.write(write_end, b"done\n")  # the reaper leaves quietly
     except BrokenPipeError:  # someone killed it; the job is over anyway
         pass
+    status = job.wait()
     reaper.wait()
     exit_like(status)
 

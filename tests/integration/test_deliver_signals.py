@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pyarrow.compute as pc
@@ -34,6 +35,14 @@ NOISE = ("FairSchedulableBuilder", "Failed to cancel job group", "falling behind
          "resolves to a loopback address", "[Stage")
 
 
+# Runs its arguments with SIGINT and SIGQUIT at their defaults, as a terminal's foreground job
+# has them (a shell's background job, CI among them, starts with both ignored, and
+# ./spark-submit.sh rightly keeps an inherited ignore), by exec: the pid stays the same.
+# Not a preexec_fn: the background lanes run in threads of this process.
+LIKE_A_TERMINAL = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "signal.signal(signal.SIGQUIT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"]
+
+
 def start(warehouse, tmp_path, *args, path_first=None):
     env = {k: v for k, v in background.env().items() if not k.startswith("PYSPARK")}
     env["DELTABUS_ALLOW_HTTP"] = "1"
@@ -41,7 +50,7 @@ def start(warehouse, tmp_path, *args, path_first=None):
         env["PATH"] = f"{path_first}{os.pathsep}{env.get('PATH', os.defpath)}"
     out, err = tmp_path / "out.log", tmp_path / "err.log"
     job = subprocess.Popen(
-        [str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", warehouse, "--trigger-interval", "0.2", *args],
+        [*LIKE_A_TERMINAL, str(ROOT / "spark-submit.sh"), "jobs/deliver.py", "--warehouse", warehouse, "--trigger-interval", "0.2", *args],
         cwd=ROOT, env=env, stdout=open(out, "wb"), stderr=open(err, "wb"), start_new_session=True,
     )
     return job, out, err
