@@ -14,8 +14,13 @@ from outside the job:
    3,000); in memory, on the wire and at the endpoint each is its full size.
 2. ``jobs/deliver.py --until-idle`` (through ./spark-submit.sh, default settings, so the
    default cap) pushes them to bench/endpoint.py's acking endpoint.
-3. Every 0.25 s the run reads the resident memory (/proc VmRSS) of every process in the
-   job's tree: the driver JVM, the Python driver, pyspark's workers (the push workers).
+3. Every 0.25 s the run reads the resident memory (/proc stat's rss) of every process in the
+   job's tree, by role (``_role``): the launchers, the driver JVM, the Python driver, the
+   stream source's Python runner, pyspark's worker daemon with its forks (the push
+   workers), and pyspark's data source daemons; "other" is anything else, such as a
+   short-lived helper the JVM spawns (sharing the JVM's memory until it execs, so its RSS
+   repeats the JVM's). RSS, not PSS: pages a forked worker shares with its daemon count in
+   both.
    It reports each one's peak, the peak of their sum, and the job's own count of the most
    message bytes leased and unsettled at once (its last log line).
 
@@ -29,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -43,6 +49,7 @@ if str(ROOT) not in sys.path:
 PER_BATCH = 5
 SAMPLE_SECONDS = 0.25
 SERIES_SECONDS = 5.0
+JOB_TIMEOUT = 3 * 3600.0  # seconds; 30,000 messages take about 30 minutes here
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -62,10 +69,19 @@ def _processes() -> dict[int, tuple[int, str, int]]:
 
 
 def _role(cmd: str) -> str:
-    if "java" in cmd.split(" ", 1)[0] or "org.apache.spark" in cmd:
+    """What a process of the job's tree is, from its command line. The launchers come first:
+    their command lines name jobs/deliver.py too."""
+    program = os.path.basename(cmd.split(" ", 1)[0])
+    if program in ("bash", "sh", "dash") or "own_session.py" in cmd:
+        return "launcher"  # ./spark-submit.sh, .venv/bin/spark-submit, scripts/own_session.py
+    if program == "java":
         return "jvm"
-    if "pyspark.daemon" in cmd or "pyspark/daemon" in cmd or "pyspark.worker" in cmd:
-        return "python_workers"
+    if "python_streaming_source_runner" in cmd:
+        return "stream_source"  # the stream source's Python runner (one per query)
+    if "pyspark.sql.worker." in cmd:
+        return "data_source_workers"  # pyspark's daemons for the stream source's planning calls
+    if "pyspark.daemon" in cmd:
+        return "pyspark_workers"  # pyspark's worker daemon and its forks: the push workers
     if "deliver.py" in cmd:
         return "python_driver"
     return "other"
@@ -115,7 +131,6 @@ class Sampler(threading.Thread):
 def run(messages: int, scratch: Path) -> dict[str, Any]:
     from bench.endpoint import BenchEndpoint
     from bench.run import _clients, _deliver, _job_log, log
-    from deltabus.config import Settings
     from deltabus.validation import MAX_DATA_BYTES
 
     wh = tempfile.mkdtemp(prefix="memory-", dir=scratch)
@@ -136,7 +151,11 @@ def run(messages: int, scratch: Path) -> dict[str, Any]:
         sampler = Sampler(proc.pid)
         sampler.start()
         try:
+            proc.wait(timeout=JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
             proc.wait()
+            raise RuntimeError(f"deliver.py did not finish {messages:,} messages in {JOB_TIMEOUT:.0f} s") from None
         finally:
             sampler.stop()
         push_s = time.monotonic() - t0
@@ -150,7 +169,7 @@ def run(messages: int, scratch: Path) -> dict[str, Any]:
         "messages": messages, "message_bytes": MAX_DATA_BYTES, "backlog_bytes": messages * MAX_DATA_BYTES,
         "warehouse_bytes_on_disk": disk, "publish_seconds": round(publish_s, 1), "job_seconds": round(push_s, 1),
         "pushed": pushed, "acked": int(acked.group(2)) if acked else None,
-        "cap_bytes": int(held.group(2)) if held else Settings.__dataclass_fields__["max_queued_bytes"].default,
+        "cap_bytes": int(held.group(2)) if held else None,
         "peak_held_bytes": int(held.group(1)) if held else None,
         "peak_rss_bytes": dict(sorted(sampler.peaks.items())), "peak_rss_total_bytes": sampler.peak_total,
         "rss_samples": sampler.samples, "rss_mib_every_5_s": sampler.series,
@@ -163,7 +182,7 @@ def run(messages: int, scratch: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=3_000, help="10 MB messages in the backlog (default 3,000: 30 GB)")
+    parser.add_argument("--messages", type=int, default=3_000, help="10 MB messages in the backlog (default 3,000: 30 GB, ~5 GiB on disk)")
     parser.add_argument("--out", help="JSON file (default bench/results/<date>-memory.json)")
     args = parser.parse_args(argv)
     if args.messages < 1:

@@ -27,16 +27,26 @@ def test_a_small_run_pushes_every_message_and_reports_its_memory(tmp_path):
     # The job's own count (its last log line): all three fit under the default cap at once.
     assert m["cap_bytes"] == 256 * 1024 * 1024
     assert 0 < m["peak_held_bytes"] <= m["cap_bytes"]
-    assert m["peak_rss_bytes"]["python_driver"] > 0 and m["peak_rss_bytes"]["jvm"] > 0
+    for role in ("launcher", "jvm", "python_driver", "pyspark_workers"):
+        assert m["peak_rss_bytes"].get(role, 0) > 0, (role, m["peak_rss_bytes"])
+    # The driver is the Python program, not a launcher (a few MiB): it imports pyspark and pyarrow.
+    assert m["peak_rss_bytes"]["python_driver"] > 50 * 2**20
     assert m["peak_rss_total_bytes"] >= max(m["peak_rss_bytes"].values())
     assert m["rss_mib_every_5_s"] and doc["code"]["commit"]
 
 
 def test_roles_of_the_job_s_processes():
-    assert memory._role("/usr/lib/jvm/java-17/bin/java -cp x org.apache.spark.deploy.SparkSubmit") == "jvm"
-    assert memory._role("/work/.venv/bin/python -m pyspark.daemon") == "python_workers"
-    assert memory._role("/work/.venv/bin/python /work/jobs/deliver.py --warehouse w") == "python_driver"
-    assert memory._role("bash ./spark-submit.sh") == "other"
+    """Command lines as a job's tree shows them: the launchers name jobs/deliver.py too."""
+    deliver = "jobs/deliver.py --warehouse /w --allow-http --trigger-interval 0.2 --engine delta-rs --until-idle"
+    assert memory._role(f"bash /repo/spark-submit.sh {deliver}") == "launcher"
+    assert memory._role(f"/repo/.venv/bin/python /repo/scripts/own_session.py -- /repo/.venv/bin/spark-submit {deliver}") == "launcher"
+    assert memory._role(f"bash /repo/.venv/bin/spark-submit --py-files z.zip {deliver}") == "launcher"
+    assert memory._role(f"/usr/lib/jvm/java-17/bin/java -cp x -Xmx1g org.apache.spark.deploy.SparkSubmit {deliver}") == "jvm"
+    assert memory._role(f"/repo/.venv/bin/python /repo/{deliver}") == "python_driver"
+    assert memory._role("/repo/.venv/bin/python -m pyspark.daemon pyspark.worker") == "pyspark_workers"
+    assert memory._role("/repo/.venv/bin/python -m pyspark.daemon pyspark.sql.worker.plan_data_source_read") == "data_source_workers"
+    assert memory._role("/repo/.venv/bin/python -m pyspark.sql.streaming.python_streaming_source_runner") == "stream_source"
+    assert memory._role("/usr/bin/something-else") == "other"
 
 
 def test_a_backlog_of_no_messages_is_refused(capsys):
