@@ -20,7 +20,6 @@ import datetime as dt
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-TRIGGER = 0.1  # seconds, as bench/run.py's latency section
 BATCH_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO deltabus\.deliver: batch \d+: delivered (\d+) .* in ([\d.]+)s$", re.M)
 
 
@@ -80,27 +78,11 @@ def split(published: dict[str, float], seen: dict[str, float], runs: list[tuple[
 
 
 def run(rate: float, seconds: float, warmup: float, scratch: Path) -> dict[str, Any]:
-    from bench.endpoint import BenchEndpoint
-    from bench.run import _await_seen, _clients, _deliver, _steady, _stop
+    from bench.run import LATENCY_TRIGGER, steady_run
 
-    wh = tempfile.mkdtemp(prefix="latency-tail-", dir=scratch)
-    pub, sub = _clients(wh)
-    topic = pub.topic_path("bench", "latency")
-    pub.create_topic(name=topic)
-    with BenchEndpoint(track_ids=True) as ep:
-        name = sub.subscription_path("bench", "latency")
-        sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
-        proc = _deliver(wh, until_idle=False, max_seconds=seconds + warmup + 90, trigger=TRIGGER)
-        pub.publish_batch(topic, [{"data": b"warm"}])  # the job answers (its first push) before the clock
-        deadline = time.time() + 90
-        while time.time() < deadline and not ep.stats()["count"]:
-            time.sleep(0.1)
-        published, _, _ = _steady(pub, topic, rate, seconds, warmup)
-        seen = _await_seen(ep, published)
-        _stop(proc)
-        job_log = Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
-    return {"rate": rate, "seconds": seconds, "warmup_seconds": warmup, "trigger_s": TRIGGER,
-            **split(published, seen, batches(job_log))}
+    r = steady_run(rate, seconds, warmup, scratch)
+    return {"rate": rate, "seconds": seconds, "warmup_seconds": warmup, "trigger_s": LATENCY_TRIGGER,
+            **split(r.published, r.seen, batches(r.job_log))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -481,10 +481,25 @@ def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
         proc.wait(timeout=30)
 
 
-def latency(rate: float, seconds: float, warmup: float, scratch: Path, target: Target = LOCAL) -> dict[str, Any]:
-    """Publish -> push arrival at a steady `rate`. The first `warmup` seconds at that rate are
-    not counted: they are the push window's slow start from 3 (a long-running job keeps its
-    window, and restores it from the backlog table on restart)."""
+LATENCY_TRIGGER = 0.1  # seconds: the latency section's push job trigger
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyRun:
+    """One run of the latency workload: each measured message's publish call time and first
+    arrival (by id), the offered rate, when measuring began, and the job's whole log."""
+
+    published: dict[str, float]
+    seen: dict[str, float]
+    actual_rate: float
+    t_measure: float
+    job_log: str
+
+
+def steady_run(rate: float, seconds: float, warmup: float, scratch: Path, target: Target = LOCAL) -> SteadyRun:
+    """The latency section's workload (also bench/latency_tail.py's): a push job at a 0.1 s
+    trigger, warmed up until its first push arrives, then a publisher at a steady `rate` for
+    `warmup` + `seconds` seconds, the benchmark's endpoint recording each message's arrival."""
     from bench.endpoint import BenchEndpoint
 
     wh = tempfile.mkdtemp(prefix="latency-", dir=scratch)
@@ -494,21 +509,30 @@ def latency(rate: float, seconds: float, warmup: float, scratch: Path, target: T
     with BenchEndpoint(track_ids=True) as ep:
         name = sub.subscription_path("bench", "latency")
         sub.create_subscription(name=name, topic=topic, push_config={"push_endpoint": ep.url})
-        proc = _deliver(wh, until_idle=False, max_seconds=seconds + warmup + 90, trigger=0.1, target=target)
+        proc = _deliver(wh, until_idle=False, max_seconds=seconds + warmup + 90, trigger=LATENCY_TRIGGER, target=target)
         # Warm up: wait until the job answers (its first push arrives), as a long-running job would be.
-        probe = pub.publish_batch(topic, [{"data": b"warm"}])
+        pub.publish_batch(topic, [{"data": b"warm"}])
         deadline = time.time() + 90
         while time.time() < deadline and not ep.stats()["count"]:
             time.sleep(0.1)
         published, actual_rate, t_measure = _steady(pub, topic, rate, seconds, warmup)
         seen = _await_seen(ep, published)
         _stop(proc)
-        job_out = _job_log(proc, 15)
+        job_log = Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+    return SteadyRun(published, seen, actual_rate, t_measure, job_log)
+
+
+def latency(rate: float, seconds: float, warmup: float, scratch: Path, target: Target = LOCAL) -> dict[str, Any]:
+    """Publish -> push arrival at a steady `rate`. The first `warmup` seconds at that rate are
+    not counted: they are the push window's slow start from 3 (a long-running job keeps its
+    window, and restores it from the backlog table on restart)."""
+    r = steady_run(rate, seconds, warmup, scratch, target)
+    published, seen, actual_rate, t_measure = r.published, r.seen, r.actual_rate, r.t_measure
+    job_out = "\n".join(r.job_log.splitlines()[-15:])
     missing = [t for m, t in published.items() if m not in seen]
     if missing:
         log(f"latency: {len(missing)} messages not received; published {min(missing) - t_measure:.1f}..{max(missing) - t_measure:.1f} s into the run")
         log("job output tail:\n" + "\n".join(job_out.splitlines()[-15:]))
-    del probe
     out = {"target_rate": rate, "actual_rate": round(actual_rate, 1), "seconds": seconds, "warmup_seconds": warmup,
            **latency_stats(published, seen)}
     log(f"latency at {actual_rate:.0f} msg/s: p50 {out['p50_s']} s, p99 {out['p99_s']} s (None: not received), {out['received']}/{out['messages']} received")
