@@ -133,9 +133,11 @@ class LogWatcher:
             out[uri] = t.version
         return out
 
-    def _advance(self, uri: str, t: _Table, version: int) -> bool:
+    def _advance(self, uri: str, t: _Table, version: int, forward_only: bool = False) -> bool:
+        """Set the table's version; `forward_only` (a stat that may race another thread's
+        newer one: ``current`` runs on any thread) never moves it back."""
         with self._cond:
-            if version == t.version:
+            if version == t.version or (forward_only and version < t.version):
                 return False
             t.version = version
             self._cond.notify_all()
@@ -197,7 +199,7 @@ class LogWatcher:
 
     def _poll(self, uri: str, t: _Table, now: float) -> None:
         if t.log_dir is not None and now < t.next_resync:
-            self._advance(uri, t, newest_local_version(t.log_dir, t.version))
+            self._advance(uri, t, newest_local_version(t.log_dir, t.version), forward_only=True)
             return
         if now < t.next_poll:
             return

@@ -44,9 +44,11 @@ def read_cursor(snap: Snapshot, sub: SubscriptionRecord) -> int:
     return sub.start_version if cursor is None else cursor
 
 
-def pending_range(engine: Engine, snap: Snapshot, sub: SubscriptionRecord) -> tuple[int, int]:
-    """(cursor, latest): messages versions cursor+1..latest are not yet fanned out."""
-    return read_cursor(snap, sub), engine.version(MESSAGES.name)
+def pending_range(engine: Engine, snap: Snapshot, sub: SubscriptionRecord, latest: int | None = None) -> tuple[int, int]:
+    """(cursor, latest): messages versions cursor+1..latest are not yet fanned out. `latest`:
+    the messages table's version as the caller knows it (a log watcher's stat), instead of
+    the engine's refresh of the table."""
+    return read_cursor(snap, sub), engine.version(MESSAGES.name) if latest is None else latest
 
 
 def empty_fanout() -> pa.Table:

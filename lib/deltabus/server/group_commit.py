@@ -182,6 +182,7 @@ def run_round(
     early: EarlyAnswers | None = None,
     own: OwnCommits | None = None,
     history: HistorySettings = OFF,
+    messages_version: Callable[[], int] | None = None,
 ) -> list[Answer]:
     """Run one round for `asks` (arrival order) on `sub`; return each ask's answer. Blocking.
 
@@ -189,7 +190,8 @@ def run_round(
     leases before its outcomes (the module docstring); the returned list has them too.
     `own`: the messages-table versions this server appended (``fan_out``). `history` on:
     the round's leases, acks and nacks are recorded in its commits (``delivery/history``),
-    its outcomes then always decided on the snapshot (as when results are wanted)."""
+    its outcomes then always decided on the snapshot (as when results are wanted).
+    `messages_version`: the messages table's latest version (``fan_out``)."""
     uid = sub.sub_uid
     lease_idx = [i for i, a in enumerate(asks) if isinstance(a, LeaseAsk)]
     out_idx = [i for i, a in enumerate(asks) if isinstance(a, OutcomeAsk)]
@@ -227,7 +229,8 @@ def run_round(
         key = None
         more = True
         if room > 0:
-            fan, latest = fan_out(engine, snap, sub, policy.keep, own, catch_up_rows(room, policy.eligible is not None, floor=PULL_CATCH_UP_MIN))
+            fan, latest = fan_out(engine, snap, sub, policy.keep, own, catch_up_rows(room, policy.eligible is not None, floor=PULL_CATCH_UP_MIN),
+                                  messages_version)
             available, keys = read_candidates(snap, uid, now, room, policy, frozenset(winners))
             if available.num_rows or fan.rows.num_rows or keys.ended.num_rows:
                 start = deadline(clock, now, 0.0)  # the storage's latest possible time now (storage/clock.py)
@@ -308,14 +311,21 @@ def run_round(
 def fan_out(
     engine: Engine, snap: Snapshot, sub: SubscriptionRecord, keep: FanoutFilter | None, own: OwnCommits | None,
     limit: int | None = None,
+    messages_version: Callable[[], int] | None = None,
 ) -> tuple[Fanout, int]:
     """``fanout.from_change_feed`` and the messages table's version it read up to, with the
     versions this server appended itself taken from `own` instead of the change feed (the
     same rows: ``own_commits``). Why (measured here, one round of 10 new messages after
     each publish, no other load): a lease round took 19.3 ms of CPU (p50) reading the
     change feed, 12.2 ms with this; it is on the path of every new message to its stream.
-    `limit`: at most that many messages, in whole versions (``fanout.catch_up``'s rule)."""
-    cursor, latest = pending_range(engine, snap, sub)
+    `limit`: at most that many messages, in whole versions (``fanout.catch_up``'s rule).
+    `messages_version`: the table's latest version, known without refreshing the engine's
+    handle of it (the server's log watcher: one stat). Why (measured, bench/server.py's latency
+    phase at 500 msg/s, ~50 publish commits a second): the refresh lists the table's log,
+    which only Delta's 30-day retention cleans, so it cost 2.5-5 ms a round after 20 s and
+    grows with every commit (0.4 / 1.3 / 2.4 ms at 100 / 1,000 / 3,000 log files with
+    nothing new to read)."""
+    cursor, latest = pending_range(engine, snap, sub, None if messages_version is None else messages_version())
     end = min(latest, cursor + MAX_FANOUT_VERSIONS)
     attributes = keep is not None
 
@@ -502,12 +512,15 @@ class GroupCommits:
         own: OwnCommits | None = None,
         peers: Callable[[str], frozenset[object]] | None = None,
         history: HistorySettings = OFF,
+        messages_version: Callable[[], int] | None = None,
     ) -> None:
         """`on_use(record)`: called after each round that committed (the subscription was
         used: ``activity.ActivityRecorder.used``), on the round's thread. `peers(name)`: the
         sources (streams) of the subscription expected to send outcomes soon (those with
         messages outstanding); a round with outcomes waits up to PEER_LINGER for each of
-        them to queue one (on the event loop)."""
+        them to queue one (on the event loop). `messages_version()`: the messages table's
+        latest version, called on the round's thread (``fan_out``)."""
+        self._messages_version = messages_version
         self._peers = peers
         self._history = history
         self._arrived: dict[str, asyncio.Event] = {}
@@ -703,7 +716,7 @@ class GroupCommits:
     def _round(self, subscription: str, asks: list[Ask], early: EarlyAnswers | None = None) -> list[Answer]:
         sub = self._lookup(subscription)
         answers = run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases, cache=self._cache, early=early,
-                            own=self._own, history=self._history)
+                            own=self._own, history=self._history, messages_version=self._messages_version)
         if self._on_use is not None:
             self._on_use(sub)
         return answers

@@ -144,7 +144,7 @@ class StreamHub:
         self.activity = ActivityRecorder(state.registry, wall(state.clock))  # for expiration policies
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
                                     on_use=self.activity.used, own=self.own_commits, peers=self._busy,
-                                    history=HistorySettings(enabled=state.settings.history))
+                                    history=HistorySettings(enabled=state.settings.history), messages_version=self._messages_version)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
         self.publishes = PublishCommits(state.engine, state.registry, wall(state.clock), executor=self._appends, cache=self.payloads,
@@ -165,6 +165,11 @@ class StreamHub:
         self.wakeups = 0  # watcher wake-ups (a test reads it)
 
     # -- the subscription, outcomes ----------------------------------------------------
+    def _messages_version(self) -> int:
+        """The messages table's latest version (a stat of its log: ``watch.LogWatcher.current``). Any thread."""
+        uri = self._state.engine.table_uri("messages")
+        return self._state.watcher.current([uri])[uri]
+
     def _lookup(self, name: str) -> SubscriptionRecord:
         return self._state.registry.subscription(name)
 
