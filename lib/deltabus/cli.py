@@ -564,7 +564,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> None:
 
     settings = ServeSettings(
         warehouse=args.warehouse, port=args.port, host=args.host, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        insecure=args.insecure, allow_http=_allow_http(args), history=not args.no_history,
+        insecure=args.insecure, allow_http=_allow_http(args), history=not args.no_history, defer_seconds=args.defer_seconds,
     )
 
     def announce(line: str) -> None:
@@ -843,7 +843,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = command(cmds, "serve", "serve the Pub/Sub gRPC API (google.pubsub.v1) on the warehouse: set "
                  "PUBSUB_EMULATOR_HOST=HOST:PORT and Google's client libraries use it unchanged; SIGTERM or Ctrl-C stops it",
-                 {"port": "--port", "host": "--host", "tls_cert": "--tls-cert", "tls_key": "--tls-key", "insecure": "--insecure"})
+                 {"port": "--port", "host": "--host", "tls_cert": "--tls-cert", "tls_key": "--tls-key", "insecure": "--insecure",
+                  "defer_seconds": "--defer-seconds"})
     sv.add_argument("--port", type=int, required=True, metavar="PORT", help="0..65535 (0: a free port, shown in the ready line)")
     sv.add_argument("--host", default="127.0.0.1", metavar="HOST",
                     help="address to listen on (default 127.0.0.1); any other than loopback needs TLS or --insecure")
@@ -853,6 +854,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--allow-http", action="store_true", help="allow push subscriptions with plain http endpoints (localhost, tests)")
     sv.add_argument("--no-history", action="store_true",
                     help="do not record the delivery history (leases, acks, nacks, expiries) of the calls it serves")
+    sv.add_argument("--defer-seconds", type=float, default=0.5, metavar="SECONDS",
+                    help="the longest an ack answered from the server's journal waits before it is committed (default 0.5; 0 < s <= 60)")
     sv.set_defaults(func=cmd_serve)
 
     b = command(cmds, "backlog", "each subscription's backlog as a table (and rewrite the backlog table)")

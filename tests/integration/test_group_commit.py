@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 
 from deltabus import ackid
 from deltabus.delivery.model import Result
-from deltabus.errors import ClockUncertain
+from deltabus.errors import Cancelled, ClockUncertain
 from deltabus.policy.clock_skew import ClockSkewPolicy
 from deltabus.registry import Registry
 from deltabus.server import group_commit
@@ -173,14 +173,13 @@ def test_a_round_with_redeliveries_stays_one_merge(pub, sub, topic, subscription
 
 
 def test_a_deferred_deadline_change_rides_in_the_next_round_or_commits_alone_after_a_while(
-    pub, sub, topic, subscription, warehouse, monkeypatch
+    pub, sub, topic, subscription, warehouse
 ) -> None:
     """A deferred change (the stream's receipt modack) starts no round, not even right after
     a running round; the next ack's round carries it, else it commits alone after
-    DEFER_SECONDS; its lease ends `seconds` after it was asked (not after its round)."""
+    `defer_seconds`; its lease ends `seconds` after it was asked (not after its round)."""
     import time
 
-    monkeypatch.setattr(group_commit, "DEFER_SECONDS", 1.0)
     pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(4)])
     engine = open_engine(warehouse, engine="delta-rs")
     rec = Registry(engine, clock=time.time).subscription(subscription)
@@ -190,7 +189,7 @@ def test_a_deferred_deadline_change_rides_in_the_next_round_or_commits_alone_aft
         return dict(zip(rows["message_id"].to_pylist(), pc.cast(rows["lease_expires"], "int64").to_pylist()))[message_id]
 
     async def scenario() -> None:
-        commits = GroupCommits(engine, lambda name: rec, time.time)
+        commits = GroupCommits(engine, lambda name: rec, time.time, defer_seconds=1.0)
         granted = await commits.lease(subscription, 4, 600.0)
         w, x, y, z = _ids(granted)
         rounds = commits.rounds
@@ -210,9 +209,49 @@ def test_a_deferred_deadline_change_rides_in_the_next_round_or_commits_alone_aft
         late = commits.submit_modify_deadline(subscription, [z], 30.0, defer=True)
         await asyncio.sleep(0.3)
         assert not late.done()
-        await asyncio.wait_for(late, 5.0)  # alone, once DEFER_SECONDS passed
+        await asyncio.wait_for(late, 5.0)  # alone, once defer_seconds passed
         assert commits.rounds == rounds + 3
         assert lease_of(z.message_id) >= to_us(asked + 30.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_deferred_ack_goes_within_defer_seconds_even_while_lease_asks_keep_coming(pub, sub, topic, subscription, warehouse) -> None:
+    """A journaled ack (``submit_acknowledge``) starts no round and rides in none of lease asks
+    alone, but once it waited `defer_seconds` it goes in the next round whatever that holds:
+    a stream's steady lease asks must not hold it back (they once did, indefinitely)."""
+    import time
+
+    pub.publish_batch(topic, [{"data": f"{i}".encode()} for i in range(3)])
+    engine = open_engine(warehouse, engine="delta-rs")
+    rec = Registry(engine, clock=time.time).subscription(subscription)
+
+    def rows() -> set[str]:
+        return set(engine.snapshot("deliveries").read(["message_id"], partition=rec.sub_uid)["message_id"].to_pylist())
+
+    async def scenario() -> None:
+        commits = GroupCommits(engine, lambda name: rec, time.time, defer_seconds=0.4)
+        x, y, z = _ids(await commits.lease(subscription, 3, 600.0))
+        done = commits.submit_acknowledge(subscription, [x])
+        queued = asyncio.get_running_loop().time()
+        leases = 0
+        while not done.done() and asyncio.get_running_loop().time() - queued < 10.0:
+            await commits.lease(subscription, 5, 600.0)  # finds nothing: a lease round, again and again
+            leases += 1
+            if asyncio.get_running_loop().time() - queued < 0.3:
+                assert not done.done()  # it rode in none of the lease rounds before its time
+        assert done.done() and done.result() is None, f"still queued after {leases} lease rounds"
+        assert leases >= 2
+        assert rows() == {y.message_id, z.message_id}  # x's row is gone: acked
+        # flush (a clean stop): a deferred ack commits at once; a lease ask queued then fails
+        ack = commits.submit_acknowledge(subscription, [y])
+        lease = asyncio.ensure_future(commits.lease(subscription, 5, 600.0))
+        await asyncio.sleep(0)
+        await commits.flush()
+        assert ack.done() and ack.result() is None
+        assert rows() == {z.message_id}
+        with pytest.raises(Cancelled):
+            await lease
 
     asyncio.run(scenario())
 

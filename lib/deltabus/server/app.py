@@ -21,6 +21,7 @@ answered by the library's own limit (INVALID_ARGUMENT naming the field), not by 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -31,14 +32,16 @@ import grpc.aio
 from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as pb
 
-from .. import watch
+from .. import ackid, watch
+from ..errors import NotFound
 from ..publisher.client import PublisherClient
 from ..registry import Registry
 from ..policy.clock_skew import ClockSkewPolicy
-from ..storage import open_engine
+from ..storage import Engine, open_engine
 from ..storage.clock import StorageClock, resolve_clock, wall
 from ..subscriber.client import SubscriberClient
-from . import streaming
+from . import ack_journal, group_commit, streaming
+from .ack_journal import AckJournal
 from .calls import request_deserializer
 from .publisher_service import PublisherService
 from .settings import ServeSettings
@@ -165,6 +168,30 @@ class Server:
         self.state.subscriber.close()
 
 
+def journal_dir(warehouse: str) -> str:
+    """Where a local warehouse's servers keep their ack journals (``ack_journal``)."""
+    return os.path.join(warehouse, "_deltabus", "serve-acks")
+
+
+def open_journal(engine: Engine, registry: Registry, clock: Callable[[], float]) -> AckJournal | None:
+    """Apply the acks of journals left by servers that are gone, then open this server's own;
+    None for a warehouse in an object store (its acks commit before they are answered)."""
+    if "://" in engine.warehouse:
+        return None
+    directory = journal_dir(engine.warehouse)
+
+    def apply(name: str, encoded: list[str]) -> None:
+        try:
+            sub = registry.subscription(name)
+        except NotFound:  # deleted since: its acks are moot
+            return
+        ids = tuple(ackid.decode(x) for x in encoded)
+        group_commit.run_round(engine, sub, [group_commit.OutcomeAsk(ids, None)], clock)
+
+    ack_journal.recover(directory, apply)
+    return AckJournal(directory)
+
+
 async def start(
     settings: ServeSettings, *, clock: Callable[[], float] | None = None, clock_skew: ClockSkewPolicy | None = None
 ) -> Server:
@@ -183,16 +210,19 @@ async def start(
         if isinstance(kept, StorageClock):
             kept.attach(engine)
         watcher = watch.watcher()
+        registry = Registry(engine, clock=wall(kept))
+        journal = open_journal(engine, registry, kept)
         return ServerState(
             settings=settings,
             engine=engine,
-            registry=Registry(engine, clock=wall(kept)),
+            registry=registry,
             publisher=PublisherClient(engine=engine, clock=kept),
             subscriber=SubscriberClient(engine=engine, clock=kept, allow_http=settings.allow_http),
             executor=executor,
             watch_uris=watch_tables(engine, watcher),
             watcher=watcher,
             clock=kept,
+            acks=journal,
         )
 
     try:

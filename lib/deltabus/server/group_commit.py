@@ -24,9 +24,11 @@ Contract.
   whatever its size) before it was sent; as an append of its own (~3-7 ms) it is sent at
   once and the acks' MERGE follows. Ids with an outcome are never among new messages (they
   were delivered before), so the two commits decide nothing of each other.
-- **Deferred deadline changes** (a stream's receipt modacks, answered before they commit)
-  start no round: they ride in the next round that has other outcomes (not in one of
-  lease asks alone: ``_take``), or start one after DEFER_SECONDS.
+- **Deferred changes** (a stream's receipt modacks, and acks made durable first by the
+  server's journal, ``ack_journal``: both answered before they commit) start no round:
+  they ride in the next round that has other outcomes (not in one of lease asks alone:
+  ``_take``). Once one has waited `defer_seconds` (DEFER_SECONDS) it goes in the next
+  round whatever that holds, or starts one. ``flush`` (a clean stop) commits them at once.
 - **One row per message.** ``policy.round_outcomes.resolve`` keeps one outcome per message
   (latest delivery attempt; an ack wins; else the last deadline change in arrival order).
   Ids with an outcome in the round are left out of lease candidates. The nack cascade
@@ -104,7 +106,7 @@ from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
 from ..delivery.selection import read_candidates, select
-from ..errors import ClockUncertain, FailedPrecondition, export_pull_refused
+from ..errors import Cancelled, ClockUncertain, FailedPrecondition, export_pull_refused
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
@@ -467,17 +469,22 @@ class _Pending(NamedTuple):
     ask: Ask
     future: asyncio.Future[Answer]
     # A deferred deadline change (``submit_modify_deadline(..., defer=True)``): the clock
-    # time its leases end. It starts no round of its own.
+    # time its leases end.
     until: float | None = None
     # Who sent an outcome (a stream, for ``peers``): None when unknown.
     source: object = None
+    # Deferred (a deadline change as above, or a journaled ack: ``submit_acknowledge``): it
+    # starts no round of its own (``_take``).
+    deferred: bool = False
+    since: float = 0.0  # the event loop's time it was queued
 
 
 # Event-loop passes a drain waits before taking its first round: a stream woken by an ack
 # needs ~3 (the wake-up, wait_for's return, its lease ask) to queue its ask (module docstring).
 JOIN_YIELDS = 4
 
-# Seconds a deferred deadline change waits for a round to ride in before it starts one.
+# Seconds a deferred change waits for a round to ride in before it goes in the next round
+# whatever that round holds, or starts one (``GroupCommits``' `defer_seconds`).
 DEFER_SECONDS = 0.5
 
 # Seconds a round with outcomes waits at most for the outcomes of the subscription's other
@@ -513,13 +520,17 @@ class GroupCommits:
         peers: Callable[[str], frozenset[object]] | None = None,
         history: HistorySettings = OFF,
         messages_version: Callable[[], int] | None = None,
+        defer_seconds: float = DEFER_SECONDS,
     ) -> None:
         """`on_use(record)`: called after each round that committed (the subscription was
         used: ``activity.ActivityRecorder.used``), on the round's thread. `peers(name)`: the
         sources (streams) of the subscription expected to send outcomes soon (those with
         messages outstanding); a round with outcomes waits up to PEER_LINGER for each of
         them to queue one (on the event loop). `messages_version()`: the messages table's
-        latest version, called on the round's thread (``fan_out``)."""
+        latest version, called on the round's thread (``fan_out``). `defer_seconds`: the
+        longest a deferred change waits for a round to ride in (DEFER_SECONDS)."""
+        self._defer_seconds = defer_seconds
+        self._flushing = False
         self._messages_version = messages_version
         self._peers = peers
         self._history = history
@@ -581,8 +592,33 @@ class GroupCommits:
         secs = max(0.0, float(seconds))
         for fn in self._listeners:
             fn(ids, secs)
-        until = self._clock() + secs if defer and secs > 0 else None
-        return self._submit(subscription, OutcomeAsk(tuple(ids), secs, False), until)
+        deferred = defer and secs > 0
+        until = self._clock() + secs if deferred else None
+        return self._submit(subscription, OutcomeAsk(tuple(ids), secs, False), until, deferred=deferred)
+
+    def submit_acknowledge(self, subscription: str, ids: Sequence[ackid.AckId]) -> asyncio.Future[Answer]:
+        """Queue an ack deferred as ``submit_modify_deadline``'s `defer` is (its caller has
+        made it durable already: ``server.ack_journal``) and return the future of its
+        round's answer (None). `ids` must not be empty."""
+        for fn in self._listeners:
+            fn(ids, None)
+        return self._submit(subscription, OutcomeAsk(tuple(ids), None, False), deferred=True)
+
+    async def flush(self) -> None:
+        """Commit every deferred change queued now (and every other outcome), at once, for a
+        server stopping cleanly; a lease ask queued now or during the flush fails with
+        ``Cancelled`` (its stream is ending). Returns when the subscriptions' drains have ended."""
+        self._flushing = True
+        try:
+            while True:
+                for name in [n for n, q in self._queues.items() if q]:
+                    self._start(name, deferred_too=True)
+                running = list(self._running.values())
+                if not running:
+                    return
+                await asyncio.wait(running)
+        finally:
+            self._flushing = False
 
     async def _outcome(
         self, subscription: str, ids: Sequence[ackid.AckId], seconds: float | None, want: bool, if_exactly_once: bool = False,
@@ -596,10 +632,12 @@ class GroupCommits:
         assert answer is None or isinstance(answer, list)
         return answer
 
-    def _submit(self, subscription: str, ask: Ask, until: float | None = None, source: object = None) -> asyncio.Future[Answer]:
+    def _submit(
+        self, subscription: str, ask: Ask, until: float | None = None, source: object = None, *, deferred: bool = False,
+    ) -> asyncio.Future[Answer]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Answer] = loop.create_future()
-        self._queues.setdefault(subscription, []).append(_Pending(ask, fut, until, source))
+        self._queues.setdefault(subscription, []).append(_Pending(ask, fut, until, source, deferred, loop.time()))
         self.calls += 1
         arrived = self._arrived.get(subscription)
         if arrived is not None:
@@ -609,24 +647,32 @@ class GroupCommits:
 
     def _start(self, subscription: str, *, deferred_too: bool = False) -> None:
         """Start the subscription's drain unless one runs: at once when a call that is not
-        deferred waits (or `deferred_too`), else after DEFER_SECONDS."""
+        deferred waits (or `deferred_too`, or a deferred one waited `defer_seconds`), else
+        when the oldest deferred one will have. A timer armed earlier is left to fire (and
+        find a drain running, or nothing): cancelling it whenever another call started a
+        drain let a stream's steady lease asks hold deferred acks back indefinitely."""
         if subscription in self._running:
             return
         queue = self._queues.get(subscription)
         if not queue:
             return
         loop = asyncio.get_running_loop()
-        if deferred_too or any(p.until is None for p in queue):
-            timer = self._timers.pop(subscription, None)
-            if timer is not None:
-                timer.cancel()
+        if deferred_too or any(not p.deferred for p in queue) or self._overdue(queue):
             self._running[subscription] = loop.create_task(self._drain(subscription))
         elif subscription not in self._timers:
-            self._timers[subscription] = loop.call_later(DEFER_SECONDS, self._due, subscription)
+            wait = self._defer_seconds - (loop.time() - min(p.since for p in queue))
+            self._timers[subscription] = loop.call_later(max(0.0, wait), self._due, subscription)
+
+    def _overdue(self, queue: Sequence[_Pending]) -> bool:
+        """A deferred call of `queue` waited `defer_seconds` (or the commits are flushing)."""
+        if self._flushing:
+            return True
+        now = asyncio.get_running_loop().time()
+        return any(p.deferred and now - p.since >= self._defer_seconds for p in queue)
 
     def _due(self, subscription: str) -> None:
         self._timers.pop(subscription, None)
-        self._start(subscription, deferred_too=True)
+        self._start(subscription)  # (a deferred call queued since waits its own time: the timer is armed again)
 
     async def _drain(self, subscription: str) -> None:
         loop = asyncio.get_running_loop()
@@ -635,7 +681,8 @@ class GroupCommits:
         try:
             first = True
             while self._queues.get(subscription):
-                if not first and all(p.until is not None for p in self._queues[subscription]):
+                queue = self._queues[subscription]
+                if not first and all(p.deferred for p in queue) and not self._overdue(queue):
                     break  # only deferred changes: they wait for the next round (_start arms the timer)
                 first = False
                 await self._linger(subscription)
@@ -668,7 +715,7 @@ class GroupCommits:
         waited = False
         while True:
             queue = self._queues.get(subscription) or []
-            sources = {p.source for p in queue if isinstance(p.ask, OutcomeAsk) and p.until is None and p.source is not None}
+            sources = {p.source for p in queue if isinstance(p.ask, OutcomeAsk) and not p.deferred and p.source is not None}
             big = any(isinstance(p.ask, OutcomeAsk) and p.source is not None and len(p.ask.ids) >= PEER_LINGER_IDS for p in queue)
             if not sources or not big or any(isinstance(p.ask, LeaseAsk) and p.source not in sources for p in queue):
                 return  # (a stream asking for messages without an ack of its own queued: it waits for no one)
@@ -700,11 +747,18 @@ class GroupCommits:
         modacks alone (~25 ms of CPU each): 91 MERGEs in an 8 s phase before, 67 after, and
         publish -> callback p50 0.52 s -> 0.22 s, p99 1.94 s -> 0.51 s."""
         queue = self._queues.pop(subscription)
-        deferred = [p for p in queue if p.until is not None]
-        if not deferred or len(deferred) == len(queue) or any(isinstance(p.ask, OutcomeAsk) and p.until is None for p in queue):
+        if self._flushing:  # stopping: outcomes commit; a lease now would go to a stream that is ending
+            for p in queue:
+                if isinstance(p.ask, LeaseAsk) and not p.future.done():
+                    p.future.set_exception(Cancelled("the server is stopping; reconnect"))
+            return [p for p in queue if not isinstance(p.ask, LeaseAsk)]
+        if self._overdue(queue):
+            return queue  # a deferred change waited its longest: it goes now, whatever else is queued
+        deferred = [p for p in queue if p.deferred]
+        if not deferred or len(deferred) == len(queue) or any(isinstance(p.ask, OutcomeAsk) and not p.deferred for p in queue):
             return queue
         self._queues[subscription] = deferred  # (in arrival order, ahead of any call queued from now on)
-        return [p for p in queue if p.until is None]
+        return [p for p in queue if not p.deferred]
 
     def _asks(self, batch: Sequence[_Pending]) -> list[Ask]:
         """The round's asks; a deferred change's seconds count from now (never below 1 ms:

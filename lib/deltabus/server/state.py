@@ -40,6 +40,7 @@ from ..publisher.client import PublisherClient
 from ..registry import Registry, SubscriptionRecord
 from ..storage import Engine
 from ..subscriber.client import SubscriberClient
+from .ack_journal import AckJournal
 from .settings import ServeSettings
 
 T = TypeVar("T")
@@ -79,6 +80,7 @@ class ServerState:
     clock: Callable[[], float] = time.time
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     fault: FaultHook | None = None  # tests only (see the module docstring)
+    acks: AckJournal | None = None  # local warehouses: acks answered before their commit (ack_journal)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()

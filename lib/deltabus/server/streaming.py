@@ -29,6 +29,13 @@ Contract.
   id on the stream at once (the id names no current delivery). Acks and changes sent on
   the stream itself report nothing, so they ask for no results (no read); the core's
   clauses still apply only those naming the current delivery.
+- **Acks answered from the journal** (``StreamHub._journaled``, ``ack_journal``). An ack
+  (unary or on the stream) of ids all leased to this server's streams, none exactly-once
+  or ordered, is written to the server's ack journal and answered; it commits deferred, in
+  the subscription's next round with other outcomes or after ``defer_seconds``. The
+  journal's next start applies what a crash left uncommitted, and a clean stop commits it
+  first (``GroupCommits.flush``). Any other ack commits before it is answered, as does
+  every ack on a warehouse in an object store (no journal there).
 - **Flow control.** A message is outstanding on its stream from its lease until its ack
   id is acked or nacked (on the stream, or by a unary Acknowledge / ModifyAckDeadline,
   which go through ``StreamHub`` too: it maps every outstanding ack id to its stream) or
@@ -85,11 +92,12 @@ from google.pubsub_v1 import types as pb
 from .. import ackid, names
 from ..activity import ActivityRecorder
 from ..delivery.model import IdResult, Result
-from ..errors import FailedPrecondition, InvalidArgument, export_pull_refused
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, export_pull_refused
 from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
 from ..storage.clock import wall
 from . import convert
+from .ack_journal import AckJournal
 from ..delivery.history import HistorySettings
 from .group_commit import GroupCommits
 from .own_commits import OwnCommits
@@ -144,7 +152,8 @@ class StreamHub:
         self.activity = ActivityRecorder(state.registry, wall(state.clock))  # for expiration policies
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
                                     on_use=self.activity.used, own=self.own_commits, peers=self._busy,
-                                    history=HistorySettings(enabled=state.settings.history), messages_version=self._messages_version)
+                                    history=HistorySettings(enabled=state.settings.history), messages_version=self._messages_version,
+                                    defer_seconds=state.settings.defer_seconds)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
         self.publishes = PublishCommits(state.engine, state.registry, wall(state.clock), executor=self._appends, cache=self.payloads,
@@ -179,12 +188,52 @@ class StreamHub:
         `results`: a result per id (request order) when the subscription is exactly-once,
         else None (the unary Acknowledge; see the module docstring)."""
         source = self._owner.get(ackid.encode(*ids[0])) if ids else None
+        if ids and await self._journaled(subscription, ids):
+            return None
         for a in ids:
             self._settle(ackid.encode(*a))
         answer = await self.commits.acknowledge(subscription, ids, results_if_exactly_once=results, source=source)
         if ids:  # ordering keys: the acked messages held their keys until this commit
             self._wake(lambda s: s.ordering and s.sub_uid == ids[0].sub_uid)
         return answer
+
+    async def _journaled(self, subscription: str, ids: Sequence[ackid.AckId]) -> bool:
+        """Ack `ids` through the server's journal (``ack_journal``): answered once the journal
+        holds them, committed deferred. Only when every id is leased to a stream of this
+        server that is neither exactly-once (its client waits for the ack's result) nor
+        ordered (a key's next message waits for the commit), and the server is not stopping;
+        False when not taken (the caller commits the ack before answering)."""
+        journal = self._state.acks
+        if journal is None or self._state.stopping.is_set():
+            return False
+        encoded = [ackid.encode(*a) for a in ids]
+        for enc in encoded:
+            s = self._owner.get(enc)
+            if s is None or s.exactly_once or s.ordering:
+                return False
+        try:
+            await asyncio.wrap_future(journal.record(subscription, encoded))
+        except Exception as exc:  # a full disk, a journal closed by a stop: commit before answering instead
+            log.warning("deltabus serve: the ack journal failed (%s); committing acks before answering", type(exc).__name__)
+            return False
+        for enc in encoded:
+            self._settle(enc)
+        self._defer_ack(journal, subscription, ids)
+        return True
+
+    def _defer_ack(self, journal: AckJournal, subscription: str, ids: Sequence[ackid.AckId]) -> None:
+        """Queue journaled acks; their line counts as committed once a round commits them (or
+        their subscription is gone). A round failing otherwise queues them again, unless the
+        server is stopping (the journal keeps them for the next start)."""
+        def done(fut: asyncio.Future[Any]) -> None:
+            exc = None if fut.cancelled() else fut.exception()
+            if fut.cancelled() or (exc is not None and not isinstance(exc, NotFound)):
+                if not self._state.stopping.is_set():
+                    self._defer_ack(journal, subscription, ids)
+                return
+            journal.committed()
+
+        self.commits.submit_acknowledge(subscription, ids).add_done_callback(done)
 
     async def modify_deadline(
         self, subscription: str, ids: Sequence[ackid.AckId], seconds: float, *, results: bool = False
@@ -314,6 +363,13 @@ class StreamHub:
         await self._state.stopping.wait()
         self._halt.set()
         self._wake()
+        # Deferred changes commit now (the journaled acks above all: else the next start applies them).
+        try:
+            await asyncio.wait_for(self.commits.flush(), max(1.0, self._state.settings.grace_seconds))
+        except Exception as exc:
+            log.warning("deltabus serve: deferred acks not all committed at stop (%s); the next start applies them", type(exc).__name__)
+        if self._state.acks is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._state.acks.close)
         self._rounds.shutdown(wait=False)  # queued rounds fail with UNAVAILABLE; running ones finish
         self._appends.shutdown(wait=False)  # so do queued publishes (nothing of them written: the client retries)
         _HUBS.pop(id(self._state), None)

@@ -1,0 +1,161 @@
+"""`deltabus serve`'s ack journal (server/ack_journal.py) with a real server process and the
+REAL google-cloud-pubsub client: acks answered from the journal before their commit survive
+a SIGKILL (the next start applies them: no acked message comes back), a clean stop commits
+them, and exactly-once acks never take that path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.cloud import pubsub_v1
+
+from deltabus.registry import Registry
+from deltabus.server.app import journal_dir
+from deltabus.storage import open_engine
+from tests.conftest import delivery_state
+from tests.server_fixtures import PROJECT, gpub, gsub, serve_thread  # noqa: F401
+
+# Its tests run in a pytest process of their own beside the session's others (tests/background.py):
+# real server processes and the google client, with PUBSUB_EMULATOR_HOST set.
+OUT_OF_PROCESS = True
+
+T = f"projects/{PROJECT}/topics/journal-topic"
+S = f"projects/{PROJECT}/subscriptions/journal-sub"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(warehouse: str, port: int, *extra: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deltabus.cli", "serve", "--warehouse", warehouse, "--port", str(port), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert re.search(r" on 127\.0\.0\.1:\d+,", line), line
+    return proc
+
+
+def _journaled(warehouse: str) -> list[str]:
+    """Every ack id in the warehouse's journals, in order."""
+    d = Path(journal_dir(os.path.abspath(warehouse)))
+    if not d.is_dir():
+        return []
+    out: list[str] = []
+    for f in sorted(d.glob("*.acks")):
+        for line in f.read_bytes().splitlines():
+            out.extend(json.loads(line)["ack_ids"])
+    return out
+
+
+def _rows(warehouse: str) -> int:
+    """The subscription's deliveries rows (acked messages have none)."""
+    engine = open_engine(warehouse, engine="delta-rs")
+    uid = Registry(engine, clock=time.time).subscription(S).sub_uid
+    rows = delivery_state(engine.snapshot("deliveries").read(["sub_uid", "message_id"]))
+    return sum(1 for u in rows["sub_uid"].to_pylist() if u == uid)
+
+
+class Acker:
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, m: Any) -> None:
+        self.seen[m.message_id] = self.seen.get(m.message_id, 0) + 1
+        m.ack()
+
+
+def _until(check: Any, seconds: float = 60.0) -> None:
+    give_up = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < give_up, "timed out"
+        time.sleep(0.05)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+def test_acks_answered_from_the_journal_are_applied_after_a_sigkill_and_committed_by_a_clean_stop(
+    warehouse: str, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    port = _free_port()
+    # 60 s: nothing the clients ack commits on its own while the test looks
+    proc = _start(warehouse, port, "--defer-seconds", "60")
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{port}")
+    pubc, subc = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    future = None
+    try:
+        pubc.create_topic(name=T)
+        subc.create_subscription(name=S, topic=T, ack_deadline_seconds=10)
+        ids = [f.result(timeout=30) for f in [pubc.publish(T, f"m{i}".encode()) for i in range(200)]]
+        got = Acker()
+        future = subc.subscribe(S, got)
+        _until(lambda: len(_journaled(warehouse)) >= 200)  # the server answered every ack...
+        assert sorted(got.seen) == sorted(ids)
+        assert _rows(warehouse) == 200  # ...and committed none of them yet
+        if stop == "SIGKILL":
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            assert len(_journaled(warehouse)) >= 200  # the journal outlives its server
+            assert _rows(warehouse) == 200
+            proc = _start(warehouse, port)  # applies the journal before it serves
+        else:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+        assert _rows(warehouse) == 0  # every acked message is acked on the table: none can come back
+        assert _journaled(warehouse) == []
+        if stop == "SIGKILL":
+            time.sleep(12)  # past the 10 s leases the first server gave: an ack lost would redeliver now
+            assert set(got.seen.values()) == {1}, {k: v for k, v in got.seen.items() if v > 1}
+    finally:
+        if future is not None:
+            future.cancel()
+        subc.close()
+        pubc.stop()
+        _kill(proc)
+
+
+def test_exactly_once_acks_are_committed_before_they_are_answered_never_journaled(serve_thread, gpub, gsub) -> None:
+    journal = serve_thread.state.acks
+    assert journal is not None
+    for name, eod in (("plain", False), ("eod", True)):
+        topic, sub = f"projects/{PROJECT}/topics/{name}", f"projects/{PROJECT}/subscriptions/{name}"
+        gpub.create_topic(name=topic)
+        gsub.create_subscription(request={"name": sub, "topic": topic, "enable_exactly_once_delivery": eod})
+        for f in [gpub.publish(topic, b"x") for _ in range(20)]:
+            f.result(timeout=30)
+        before = journal.lines
+        responses: list[Any] = []
+
+        def callback(m: Any) -> None:
+            responses.append(m.ack_with_response())
+
+        future = gsub.subscribe(sub, callback)
+        try:
+            _until(lambda: len(responses) >= 20)
+            for r in responses:
+                r.result(timeout=30)
+        finally:
+            future.cancel()
+        if eod:
+            assert journal.lines == before  # each ack's result came from its commit
+        else:
+            assert journal.lines > before
