@@ -216,6 +216,21 @@ def test_a_deferred_deadline_change_rides_in_the_next_round_or_commits_alone_aft
     asyncio.run(scenario())
 
 
+def test_a_round_leases_no_message_whose_ack_is_still_queued_even_when_its_lease_ran_out(
+    pub, sub, topic, subscription, warehouse, clock
+) -> None:
+    pub.publish_batch(topic, [{"data": b"x"}, {"data": b"y"}])
+    engine, rec = _setup(warehouse, clock, subscription)
+    (first,) = run_round(engine, rec, [LeaseAsk(2, 10.0)], clock)
+    x, y = _ids(first)
+    clock.advance(11.0)  # both leases ran out
+    (held,) = run_round(engine, rec, [LeaseAsk(5, 10.0)], clock, held=frozenset({x.message_id}))
+    assert [i.message_id for i in _ids(held)] == [y.message_id]  # x's ack is queued for a later round
+    clock.advance(11.0)
+    (free,) = run_round(engine, rec, [LeaseAsk(5, 10.0)], clock)
+    assert sorted(i.message_id for i in _ids(free)) == sorted([x.message_id, y.message_id])
+
+
 def test_a_deferred_ack_goes_within_defer_seconds_even_while_lease_asks_keep_coming(pub, sub, topic, subscription, warehouse) -> None:
     """A journaled ack (``submit_acknowledge``) starts no round and rides in none of lease asks
     alone, but once it waited `defer_seconds` it goes in the next round whatever that holds:

@@ -185,6 +185,7 @@ def run_round(
     own: OwnCommits | None = None,
     history: HistorySettings = OFF,
     messages_version: Callable[[], int] | None = None,
+    held: frozenset[str] = frozenset(),
 ) -> list[Answer]:
     """Run one round for `asks` (arrival order) on `sub`; return each ask's answer. Blocking.
 
@@ -193,7 +194,8 @@ def run_round(
     `own`: the messages-table versions this server appended (``fan_out``). `history` on:
     the round's leases, acks and nacks are recorded in its commits (``delivery/history``),
     its outcomes then always decided on the snapshot (as when results are wanted).
-    `messages_version`: the messages table's latest version (``fan_out``)."""
+    `messages_version`: the messages table's latest version (``fan_out``). `held`: message
+    ids not to lease whatever their rows say (acks queued for a later round)."""
     uid = sub.sub_uid
     lease_idx = [i for i, a in enumerate(asks) if isinstance(a, LeaseAsk)]
     out_idx = [i for i, a in enumerate(asks) if isinstance(a, OutcomeAsk)]
@@ -233,7 +235,7 @@ def run_round(
         if room > 0:
             fan, latest = fan_out(engine, snap, sub, policy.keep, own, catch_up_rows(room, policy.eligible is not None, floor=PULL_CATCH_UP_MIN),
                                   messages_version)
-            available, keys = read_candidates(snap, uid, now, room, policy, frozenset(winners))
+            available, keys = read_candidates(snap, uid, now, room, policy, frozenset(winners) | held)
             if available.num_rows or fan.rows.num_rows or keys.ended.num_rows:
                 start = deadline(clock, now, 0.0)  # the storage's latest possible time now (storage/clock.py)
                 chosen = select(uid, available, fan.rows, room, to_us(start + max(lease_secs)), policy, keys)
@@ -696,7 +698,8 @@ class GroupCommits:
                     loop.call_soon_threadsafe(settle, [batch[i] for i in found], list(found.values()))
 
                 try:
-                    answers = await run_off_loop(self._executor, self._round, subscription, self._asks(batch), early)
+                    answers = await run_off_loop(self._executor, self._round, subscription, self._asks(batch), early,
+                                                 self._acked_later(subscription))
                 except Exception as exc:  # every call of the round gets the round's error
                     fail_all(batch, exc)
                     continue
@@ -767,10 +770,18 @@ class GroupCommits:
         return [p.ask if p.until is None or not isinstance(p.ask, OutcomeAsk)
                 else p.ask._replace(seconds=max(0.001, p.until - now)) for p in batch]
 
-    def _round(self, subscription: str, asks: list[Ask], early: EarlyAnswers | None = None) -> list[Answer]:
+    def _acked_later(self, subscription: str) -> frozenset[str]:
+        """The message ids of the acks still queued (deferred) after a round's batch was taken:
+        the round must not lease them again, even where their leases ran out."""
+        return frozenset(i.message_id for p in self._queues.get(subscription, ())
+                         if isinstance(p.ask, OutcomeAsk) and p.ask.seconds is None for i in p.ask.ids)
+
+    def _round(
+        self, subscription: str, asks: list[Ask], early: EarlyAnswers | None = None, held: frozenset[str] = frozenset(),
+    ) -> list[Answer]:
         sub = self._lookup(subscription)
         answers = run_round(self._engine, sub, asks, self._clock, max_leases=self._max_leases, cache=self._cache, early=early,
-                            own=self._own, history=self._history, messages_version=self._messages_version)
+                            own=self._own, history=self._history, messages_version=self._messages_version, held=held)
         if self._on_use is not None:
             self._on_use(sub)
         return answers

@@ -116,6 +116,9 @@ IDLE_RECHECK = 1.0
 # Threads for group-commit rounds (one runs per subscription at a time).
 ROUND_THREADS = 8
 WATCH_TIMEOUT = 1.0  # seconds the watcher thread waits per call (it checks for a stop between)
+# Seconds an ack's lease must run past its deferral to be answered from the journal: room for
+# its round to run late (a busy machine, commit conflicts) before the lease could end.
+ACK_LEASE_MARGIN = 5.0
 
 
 @dataclass(eq=False, slots=True)
@@ -201,15 +204,19 @@ class StreamHub:
         """Ack `ids` through the server's journal (``ack_journal``): answered once the journal
         holds them, committed deferred. Only when every id is leased to a stream of this
         server that is neither exactly-once (its client waits for the ack's result) nor
-        ordered (a key's next message waits for the commit), and the server is not stopping;
-        False when not taken (the caller commits the ack before answering)."""
+        ordered (a key's next message waits for the commit), with a lease that runs at least
+        ACK_LEASE_MARGIN past the deferral, and the server is not stopping; False when not
+        taken (the caller commits the ack before answering)."""
         journal = self._state.acks
         if journal is None or self._state.stopping.is_set():
             return False
         encoded = [ackid.encode(*a) for a in ids]
+        # Its lease must outlast the deferral: an ack still queued when the lease ran out would
+        # let another process lease the message again (this server's rounds hold it back).
+        need = self._state.clock() + self._state.settings.defer_seconds + ACK_LEASE_MARGIN
         for enc in encoded:
-            s = self._owner.get(enc)
-            if s is None or s.exactly_once or s.ordering:
+            s, end = self._owner.get(enc), self._durable.get(enc)
+            if s is None or s.exactly_once or s.ordering or end is None or end < need:
                 return False
         try:
             await asyncio.wrap_future(journal.record(subscription, encoded))
