@@ -193,3 +193,64 @@ def test_an_ack_whose_lease_could_end_before_its_deferred_commit_commits_before_
         subc.close()
         pubc.stop()
         server.stop()
+
+
+def test_a_start_applies_a_dead_server_s_journal_and_treats_acks_of_a_detached_or_deleted_subscription_as_moot(
+    pub, sub, topic, subscription, warehouse
+) -> None:
+    """open_journal (what a start runs before it serves), on real tables: the acks of a live
+    subscription apply; those of a detached one and of one deleted since are moot (the start
+    must not fail on them); an ack id that does not parse is skipped; the file goes."""
+    from deltabus import ackid
+    from deltabus.server.app import open_journal
+
+    gone = sub.subscription_path("local", "gone")
+    cut = sub.subscription_path("local", "cut")
+    for name in (gone, cut):
+        sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=600)
+    pub.publish_batch(topic, [{"data": b"a"}, {"data": b"b"}])
+    leased = {name: sub.pull(subscription=name, max_messages=10).received_messages for name in (subscription, gone, cut)}
+    assert all(len(v) == 2 for v in leased.values())
+    d = Path(journal_dir(os.path.abspath(warehouse)))
+    d.mkdir(parents=True)
+    lines = [{"subscription": name, "ack_ids": [m.ack_id for m in leased[name]] + (["not-an-ack-id"] if name == subscription else [])}
+             for name in (subscription, gone, cut)]
+    (d / "dead.acks").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    pub.detach_subscription(request={"subscription": cut})
+    sub.delete_subscription(subscription=gone)
+
+    engine = open_engine(warehouse, engine="delta-rs")
+    journal = open_journal(engine, Registry(engine, clock=time.time), time.time)
+    try:
+        assert journal is not None and not (d / "dead.acks").exists()
+        assert _rows(warehouse, subscription) == 0  # both acks applied
+        assert ackid.decode(leased[subscription][0].ack_id)  # (real ack ids)
+    finally:
+        journal.close()
+
+
+def test_journaled_acks_of_a_subscription_detached_before_their_commit_are_moot_not_retried_forever(
+    warehouse: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = ServerThread(ServeSettings(warehouse=warehouse, port=0, grace_seconds=1.0, defer_seconds=2.0)).start()
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{server.port}")
+    pubc, subc = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    try:
+        journal = server.state.acks
+        assert journal is not None
+        pubc.create_topic(name=T)
+        subc.create_subscription(name=S, topic=T, ack_deadline_seconds=60)
+        for f in [pubc.publish(T, b"x") for _ in range(20)]:
+            f.result(timeout=30)
+        got = Acker()
+        future = subc.subscribe(S, got, flow_control=pubsub_v1.types.FlowControl(min_duration_per_lease_extension=60))
+        try:
+            _until(lambda: len(_journaled(warehouse)) >= 20)
+        finally:
+            future.cancel()
+        pubc.detach_subscription(request={"subscription": S})  # before the deferred acks' round (2 s)
+        _until(lambda: os.path.getsize(journal.path) == 0, 30)  # their round failed as moot: nothing outstanding
+    finally:
+        subc.close()
+        pubc.stop()
+        server.stop()

@@ -21,6 +21,7 @@ answered by the library's own limit (INVALID_ARGUMENT naming the field), not by 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -33,7 +34,7 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as pb
 
 from .. import ackid, watch
-from ..errors import NotFound
+from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from ..publisher.client import PublisherClient
 from ..registry import Registry
 from ..policy.clock_skew import ClockSkewPolicy
@@ -47,6 +48,8 @@ from .publisher_service import PublisherService
 from .settings import ServeSettings
 from .state import ServerState, watch_tables
 from .subscriber_service import SubscriberService
+
+log = logging.getLogger(__name__)
 
 PUBLISHER = "google.pubsub.v1.Publisher"
 SUBSCRIBER = "google.pubsub.v1.Subscriber"
@@ -181,12 +184,17 @@ def open_journal(engine: Engine, registry: Registry, clock: Callable[[], float])
     directory = journal_dir(engine.warehouse)
 
     def apply(name: str, encoded: list[str]) -> None:
+        ids = []
+        for x in encoded:
+            try:
+                ids.append(ackid.decode(x))
+            except InvalidArgument:  # not an ack id this code reads: nothing to apply
+                log.warning("ack journal: skipped an ack id that does not parse")
         try:
             sub = registry.subscription(name)
-        except NotFound:  # deleted since: its acks are moot
+            group_commit.run_round(engine, sub, [group_commit.OutcomeAsk(tuple(ids), None)], clock)
+        except (NotFound, FailedPrecondition):  # deleted or detached since (its backlog dropped): the acks are moot
             return
-        ids = tuple(ackid.decode(x) for x in encoded)
-        group_commit.run_round(engine, sub, [group_commit.OutcomeAsk(ids, None)], clock)
 
     ack_journal.recover(directory, apply)
     return AckJournal(directory)

@@ -229,12 +229,13 @@ class StreamHub:
         return True
 
     def _defer_ack(self, journal: AckJournal, subscription: str, ids: Sequence[ackid.AckId]) -> None:
-        """Queue journaled acks; their line counts as committed once a round commits them (or
-        their subscription is gone). A round failing otherwise queues them again, unless the
-        server is stopping (the journal keeps them for the next start)."""
+        """Queue journaled acks; their line counts as committed once a round commits them, or
+        when they became moot (the subscription is gone, or detached: its backlog was
+        dropped). A round failing otherwise queues them again, unless the server is stopping
+        (the journal keeps them for the next start)."""
         def done(fut: asyncio.Future[Any]) -> None:
             exc = None if fut.cancelled() else fut.exception()
-            if fut.cancelled() or (exc is not None and not isinstance(exc, NotFound)):
+            if fut.cancelled() or (exc is not None and not isinstance(exc, (NotFound, FailedPrecondition))):
                 if not self._state.stopping.is_set():
                     self._defer_ack(journal, subscription, ids)
                 return
