@@ -855,7 +855,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--no-history", action="store_true",
                     help="do not record the delivery history (leases, acks, nacks, expiries) of the calls it serves")
     sv.add_argument("--defer-seconds", type=float, default=0.5, metavar="SECONDS",
-                    help="the longest an ack answered from the server's journal waits before it is committed (default 0.5; 0 < s <= 60)")
+                    help="the longest an ack answered from the server's journal waits before it is committed (default 0.5; "
+                         "0 < s <= 60); only acks whose leases run 5 s past it are journaled")
     sv.set_defaults(func=cmd_serve)
 
     b = command(cmds, "backlog", "each subscription's backlog as a table (and rewrite the backlog table)")

@@ -231,6 +231,28 @@ def test_a_round_leases_no_message_whose_ack_is_still_queued_even_when_its_lease
     assert sorted(i.message_id for i in _ids(free)) == sorted([x.message_id, y.message_id])
 
 
+def test_the_server_s_rounds_lease_no_message_whose_deferred_ack_is_not_yet_committed(
+    pub, sub, topic, subscription, warehouse, clock
+) -> None:
+    pub.publish_batch(topic, [{"data": b"x"}, {"data": b"y"}])
+    engine, rec = _setup(warehouse, clock, subscription)
+
+    async def scenario() -> None:
+        commits = GroupCommits(engine, lambda name: rec, clock, defer_seconds=30.0)
+        x, y = _ids(await commits.lease(subscription, 2, 10.0))
+        done = commits.submit_acknowledge(subscription, [x])  # journaled: goes in 30 s
+        clock.advance(11.0)  # both leases ran out
+        again = _ids(await commits.lease(subscription, 5, 10.0))
+        assert [i.message_id for i in again] == [y.message_id]  # not x: its ack waits to commit
+        assert not done.done()
+        await commits.flush(subscription)
+        assert done.done() and done.result() is None
+        clock.advance(11.0)
+        assert _ids(await commits.lease(subscription, 5, 10.0))[0].message_id == y.message_id  # x is acked
+
+    asyncio.run(scenario())
+
+
 def test_a_deferred_ack_goes_within_defer_seconds_even_while_lease_asks_keep_coming(pub, sub, topic, subscription, warehouse) -> None:
     """A journaled ack (``submit_acknowledge``) starts no round and rides in none of lease asks
     alone, but once it waited `defer_seconds` it goes in the next round whatever that holds:

@@ -136,7 +136,7 @@ def test_acks_answered_from_the_journal_are_applied_after_a_sigkill_and_committe
 def test_exactly_once_acks_are_committed_before_they_are_answered_never_journaled(serve_thread, gpub, gsub, warehouse) -> None:
     journal = serve_thread.state.acks
     assert journal is not None
-    for name, eod in (("plain", False), ("eod", True)):
+    for name, eod in (("eod", True), ("plain", False)):  # (exactly-once first: the plain acks arrive late)
         topic, sub = f"projects/{PROJECT}/topics/{name}", f"projects/{PROJECT}/subscriptions/{name}"
         gpub.create_topic(name=topic)
         gsub.create_subscription(request={"name": sub, "topic": topic, "enable_exactly_once_delivery": eod})
@@ -249,7 +249,36 @@ def test_journaled_acks_of_a_subscription_detached_before_their_commit_are_moot_
         finally:
             future.cancel()
         pubc.detach_subscription(request={"subscription": S})  # before the deferred acks' round (2 s)
-        _until(lambda: os.path.getsize(journal.path) == 0, 30)  # their round failed as moot: nothing outstanding
+        _until(lambda: all(os.path.getsize(p) == 0 for p in journal.paths), 30)  # their round failed as moot: nothing outstanding
+    finally:
+        subc.close()
+        pubc.stop()
+        server.stop()
+
+
+def test_create_snapshot_commits_the_subscription_s_journaled_acks_first(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot taken while acks wait in the journal must hold them as acked: else a seek to
+    it would deliver acked messages again."""
+    server = ServerThread(ServeSettings(warehouse=warehouse, port=0, grace_seconds=1.0, defer_seconds=30.0)).start()
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{server.port}")
+    pubc, subc = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    try:
+        pubc.create_topic(name=T)
+        subc.create_subscription(name=S, topic=T, ack_deadline_seconds=60)
+        for f in [pubc.publish(T, b"x") for _ in range(20)]:
+            f.result(timeout=30)
+        got = Acker()
+        future = subc.subscribe(S, got, flow_control=pubsub_v1.types.FlowControl(min_duration_per_lease_extension=60))
+        try:
+            _until(lambda: len(_journaled(warehouse)) >= 20)
+        finally:
+            future.cancel()
+        assert _rows(warehouse) == 20  # answered, not committed (30 s deferral)
+        snap = f"projects/{PROJECT}/snapshots/journal-snap"
+        subc.create_snapshot(name=snap, subscription=S)
+        assert _rows(warehouse) == 0
+        subc.seek(request={"subscription": S, "snapshot": snap})
+        assert subc.pull(subscription=S, max_messages=10, return_immediately=True).received_messages == []
     finally:
         subc.close()
         pubc.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from deltabus.server import ack_journal
 from deltabus.server.ack_journal import SUFFIX, AckJournal, recover
 
 
@@ -17,33 +18,65 @@ def _lines(path: str) -> list[dict[str, object]]:
     return [json.loads(x) for x in Path(path).read_bytes().splitlines()]
 
 
+def _files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
 def test_a_line_is_on_disk_when_its_record_returns_and_the_file_empties_once_all_are_committed(tmp_path: Path) -> None:
     j = AckJournal(str(tmp_path / "acks"))
     try:
-        j.record("projects/p/subscriptions/s", ["a1", "a2"]).result()
+        (path,) = j.paths
+        assert j.record("projects/p/subscriptions/s", ["a1", "a2"]).result() == 0
         j.record("projects/p/subscriptions/t", ["b1"]).result()
-        assert _lines(j.path) == [{"subscription": "projects/p/subscriptions/s", "ack_ids": ["a1", "a2"]},
-                                  {"subscription": "projects/p/subscriptions/t", "ack_ids": ["b1"]}]
-        assert stat.S_IMODE(os.stat(j.path).st_mode) == 0o600
-        j.committed()
+        assert _lines(path) == [{"subscription": "projects/p/subscriptions/s", "ack_ids": ["a1", "a2"]},
+                                {"subscription": "projects/p/subscriptions/t", "ack_ids": ["b1"]}]
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(tmp_path / "acks").st_mode) == 0o700
+        j.committed(0)
         j.record("projects/p/subscriptions/s", ["a3"]).result()
-        assert len(_lines(j.path)) == 3  # one line is still outstanding: nothing is dropped
-        j.committed()
-        j.committed()
+        assert len(_lines(path)) == 3  # one line is still outstanding: nothing is dropped
+        j.committed(0)
+        j.committed(0)
         j.record("x", ["c"]).result()  # (runs after the commits: the journal's one thread keeps order)
-        assert _lines(j.path) == [{"subscription": "x", "ack_ids": ["c"]}]
+        assert _lines(path) == [{"subscription": "x", "ack_ids": ["c"]}]
         assert j.lines == 4
     finally:
         j.close()
-    assert os.path.exists(j.path)  # closed with a line outstanding: left for recover
+    assert os.path.exists(path)  # closed with a line outstanding: left for recover
 
 
-def test_close_deletes_the_file_when_every_line_was_committed(tmp_path: Path) -> None:
+def test_under_steady_load_full_segments_go_once_their_lines_are_committed(tmp_path: Path) -> None:
+    """Some line is always outstanding (as under steady acking): the newest segment never
+    empties, but the journal still does not grow: a segment past the size gets a successor
+    and goes when all of its lines are committed."""
+    d = tmp_path / "acks"
+    j = AckJournal(str(d), segment_bytes=200)
+    try:
+        prev = j.record("s", ["a" * 50]).result()
+        segments = {prev}
+        for i in range(200):
+            seg = j.record("s", [f"{i:060d}"]).result()
+            segments.add(seg)
+            j.committed(prev)  # the line before commits after the next one is written
+            prev = seg
+        j.record("s", ["z"]).result()  # (after the commits above)
+        assert len(segments) > 50
+        assert len(_files(d)) <= 2  # the newest, and at most the one whose last line is out
+        assert sum((d / name).stat().st_size for name in _files(d)) < 1000  # of ~18 KB written
+        assert all(name.endswith(SUFFIX) for name in _files(d))
+    finally:
+        j.close()
+
+
+def test_close_deletes_the_files_whose_lines_were_all_committed(tmp_path: Path) -> None:
     j = AckJournal(str(tmp_path))
     j.record("s", ["a"]).result()
-    j.committed()
+    j.committed(0)
     j.close()
-    assert not os.path.exists(j.path)
+    assert _files(tmp_path) == []
+    j.committed(0)  # a round finishing after the stop: nothing happens
+    with pytest.raises(RuntimeError):
+        j.record("s", ["b"]).result()
 
 
 def test_recover_applies_the_journals_of_servers_that_are_gone_and_deletes_them(tmp_path: Path) -> None:
@@ -56,19 +89,36 @@ def test_recover_applies_the_journals_of_servers_that_are_gone_and_deletes_them(
     applied: list[tuple[str, list[str]]] = []
     assert recover(d, lambda s, ids: applied.append((s, ids))) == 4
     assert applied == [("s1", ["a", "b", "d"]), ("s2", ["c"])]
-    assert not any(n.endswith(SUFFIX) for n in os.listdir(d))
+    assert _files(tmp_path) == []
     assert recover(d, lambda s, ids: applied.append((s, ids))) == 0
 
 
-def test_recover_leaves_a_live_server_s_journal_alone(tmp_path: Path) -> None:
+def test_recover_applies_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ack_journal, "RECOVER_CHUNK", 2)
+    gone = AckJournal(str(tmp_path))
+    gone.record("s", ["a", "b", "c"]).result()
+    gone.record("s", ["d", "e"]).result()
+    gone.close()
+    applied: list[list[str]] = []
+    assert recover(str(tmp_path), lambda s, ids: applied.append(ids)) == 5
+    assert applied == [["a", "b"], ["c", "d"], ["e"]]
+
+
+def test_recover_leaves_a_live_server_s_journal_alone_and_a_new_one_is_locked_before_it_is_seen(tmp_path: Path) -> None:
     d = str(tmp_path)
     live = AckJournal(d)
     try:
         live.record("s", ["a"]).result()
         assert recover(d, lambda s, ids: pytest.fail("a live server's journal was applied")) == 0
-        assert os.path.exists(live.path)
+        assert all(os.path.exists(p) for p in live.paths)
+        live.committed(0)
     finally:
         live.close()
+    assert _files(tmp_path) == []
+    # a crash between creating a segment and renaming it leaves a temporary file, empty
+    (tmp_path / f"x{ack_journal._TEMP}").write_bytes(b"")
+    assert recover(d, lambda s, ids: pytest.fail("nothing to apply")) == 0
+    assert _files(tmp_path) == []
 
 
 def test_a_line_cut_by_a_crash_is_skipped_and_a_line_that_does_not_parse_too(tmp_path: Path) -> None:
@@ -89,6 +139,7 @@ def test_a_failing_apply_leaves_the_journal_for_the_next_start(tmp_path: Path) -
     d = str(tmp_path)
     gone = AckJournal(d)
     gone.record("s", ["a"]).result()
+    (path,) = gone.paths
     gone.close()
 
     def broken(s: str, ids: list[str]) -> None:
@@ -96,8 +147,8 @@ def test_a_failing_apply_leaves_the_journal_for_the_next_start(tmp_path: Path) -
 
     with pytest.raises(OSError):
         recover(d, broken)
-    assert os.path.exists(gone.path)
-    fd = os.open(gone.path, os.O_RDONLY)
+    assert os.path.exists(path)
+    fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the failed recover released its lock
     finally:

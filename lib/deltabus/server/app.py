@@ -34,7 +34,8 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as pb
 
 from .. import ackid, watch
-from ..errors import FailedPrecondition, InvalidArgument, NotFound
+from ..delivery.history import OFF, HistorySettings
+from ..errors import InvalidArgument, NotFound, SubscriptionDetached
 from ..publisher.client import PublisherClient
 from ..registry import Registry
 from ..policy.clock_skew import ClockSkewPolicy
@@ -176,9 +177,13 @@ def journal_dir(warehouse: str) -> str:
     return os.path.join(warehouse, "_deltabus", "serve-acks")
 
 
-def open_journal(engine: Engine, registry: Registry, clock: Callable[[], float]) -> AckJournal | None:
-    """Apply the acks of journals left by servers that are gone, then open this server's own;
-    None for a warehouse in an object store (its acks commit before they are answered)."""
+def open_journal(
+    engine: Engine, registry: Registry, clock: Callable[[], float], history: HistorySettings = OFF,
+) -> AckJournal | None:
+    """Apply the acks of journals left by servers that are gone (recorded in the delivery
+    history when `history` is on, as the server's own acks are), then open this server's
+    own; None for a warehouse given as a URI (an object store, or ``file://``: its acks
+    commit before they are answered)."""
     if "://" in engine.warehouse:
         return None
     directory = journal_dir(engine.warehouse)
@@ -192,8 +197,8 @@ def open_journal(engine: Engine, registry: Registry, clock: Callable[[], float])
                 log.warning("ack journal: skipped an ack id that does not parse")
         try:
             sub = registry.subscription(name)
-            group_commit.run_round(engine, sub, [group_commit.OutcomeAsk(tuple(ids), None)], clock)
-        except (NotFound, FailedPrecondition):  # deleted or detached since (its backlog dropped): the acks are moot
+            group_commit.run_round(engine, sub, [group_commit.OutcomeAsk(tuple(ids), None)], clock, history=history)
+        except (NotFound, SubscriptionDetached):  # deleted or detached since (its backlog dropped): the acks are moot
             return
 
     ack_journal.recover(directory, apply)
@@ -219,7 +224,7 @@ async def start(
             kept.attach(engine)
         watcher = watch.watcher()
         registry = Registry(engine, clock=wall(kept))
-        journal = open_journal(engine, registry, kept)
+        journal = open_journal(engine, registry, kept, HistorySettings(enabled=settings.history))
         return ServerState(
             settings=settings,
             engine=engine,

@@ -86,6 +86,7 @@ publish -> callback p50 144 / 143 -> 152 / 164 ms. With them, the pull runs abov
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from concurrent.futures import Executor
 from typing import Any, Callable, NamedTuple, Sequence, Union
@@ -533,6 +534,9 @@ class GroupCommits:
         longest a deferred change waits for a round to ride in (DEFER_SECONDS)."""
         self._defer_seconds = defer_seconds
         self._flushing = False
+        self._acks_queued: dict[str, collections.Counter[str]] = {}  # deferred acks not yet done, by message id
+        self._ack_futures: dict[str, set[asyncio.Future[Answer]]] = {}  # ... and their futures (``flush``)
+        self._forced: set[str] = set()  # subscriptions whose deferred changes go now (``flush``)
         self._messages_version = messages_version
         self._peers = peers
         self._history = history
@@ -604,12 +608,42 @@ class GroupCommits:
         round's answer (None). `ids` must not be empty."""
         for fn in self._listeners:
             fn(ids, None)
-        return self._submit(subscription, OutcomeAsk(tuple(ids), None, False), deferred=True)
+        fut = self._submit(subscription, OutcomeAsk(tuple(ids), None, False), deferred=True)
+        # Until its future is done (committed, or failed: a caller re-queueing a failed ack
+        # does so from its own callback, which runs after this one with nothing in between),
+        # no round of this server leases these messages again (``_acked_later``).
+        acked = self._acks_queued.setdefault(subscription, collections.Counter())
+        messages = [i.message_id for i in ids]
+        acked.update(messages)
+        futures = self._ack_futures.setdefault(subscription, set())
+        futures.add(fut)
 
-    async def flush(self) -> None:
-        """Commit every deferred change queued now (and every other outcome), at once, for a
-        server stopping cleanly; a lease ask queued now or during the flush fails with
-        ``Cancelled`` (its stream is ending). Returns when the subscriptions' drains have ended."""
+        def done(_: object) -> None:
+            futures.discard(fut)
+            acked.subtract(messages)
+            for m in messages:
+                if acked[m] <= 0:
+                    del acked[m]
+
+        fut.add_done_callback(done)
+        return fut
+
+    async def flush(self, subscription: str | None = None) -> None:
+        """Commit every deferred change queued now (and every other outcome), at once: of
+        every subscription for a server stopping cleanly (a lease ask queued now or during
+        the flush then fails with ``Cancelled``: its stream is ending), or of `subscription`
+        before reading its state (CreateSnapshot). Returns when their drains have ended."""
+        if subscription is not None:
+            waiting = set(self._ack_futures.get(subscription, ()))  # queued, or in a round now
+            if not waiting:
+                return
+            self._forced.add(subscription)
+            try:
+                self._start(subscription, deferred_too=True)
+                await asyncio.wait(waiting)
+            finally:
+                self._forced.discard(subscription)
+            return
         self._flushing = True
         try:
             while True:
@@ -659,15 +693,15 @@ class GroupCommits:
         if not queue:
             return
         loop = asyncio.get_running_loop()
-        if deferred_too or any(not p.deferred for p in queue) or self._overdue(queue):
+        if deferred_too or any(not p.deferred for p in queue) or self._overdue(subscription, queue):
             self._running[subscription] = loop.create_task(self._drain(subscription))
         elif subscription not in self._timers:
             wait = self._defer_seconds - (loop.time() - min(p.since for p in queue))
             self._timers[subscription] = loop.call_later(max(0.0, wait), self._due, subscription)
 
-    def _overdue(self, queue: Sequence[_Pending]) -> bool:
+    def _overdue(self, subscription: str, queue: Sequence[_Pending]) -> bool:
         """A deferred call of `queue` waited `defer_seconds` (or the commits are flushing)."""
-        if self._flushing:
+        if self._flushing or subscription in self._forced:
             return True
         now = asyncio.get_running_loop().time()
         return any(p.deferred and now - p.since >= self._defer_seconds for p in queue)
@@ -684,7 +718,7 @@ class GroupCommits:
             first = True
             while self._queues.get(subscription):
                 queue = self._queues[subscription]
-                if not first and all(p.deferred for p in queue) and not self._overdue(queue):
+                if not first and all(p.deferred for p in queue) and not self._overdue(subscription, queue):
                     break  # only deferred changes: they wait for the next round (_start arms the timer)
                 first = False
                 await self._linger(subscription)
@@ -755,7 +789,7 @@ class GroupCommits:
                 if isinstance(p.ask, LeaseAsk) and not p.future.done():
                     p.future.set_exception(Cancelled("the server is stopping; reconnect"))
             return [p for p in queue if not isinstance(p.ask, LeaseAsk)]
-        if self._overdue(queue):
+        if self._overdue(subscription, queue):
             return queue  # a deferred change waited its longest: it goes now, whatever else is queued
         deferred = [p for p in queue if p.deferred]
         if not deferred or len(deferred) == len(queue) or any(isinstance(p.ask, OutcomeAsk) and not p.deferred for p in queue):
@@ -771,10 +805,10 @@ class GroupCommits:
                 else p.ask._replace(seconds=max(0.001, p.until - now)) for p in batch]
 
     def _acked_later(self, subscription: str) -> frozenset[str]:
-        """The message ids of the acks still queued (deferred) after a round's batch was taken:
-        the round must not lease them again, even where their leases ran out."""
-        return frozenset(i.message_id for p in self._queues.get(subscription, ())
-                         if isinstance(p.ask, OutcomeAsk) and p.ask.seconds is None for i in p.ask.ids)
+        """The message ids of deferred acks not yet committed (queued, in a round, or failed
+        and about to be queued again): no round may lease them again, even where their
+        leases ran out."""
+        return frozenset(self._acks_queued.get(subscription, ()))
 
     def _round(
         self, subscription: str, asks: list[Ask], early: EarlyAnswers | None = None, held: frozenset[str] = frozenset(),

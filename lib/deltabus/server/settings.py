@@ -13,8 +13,10 @@ environment. Rules, checked in ``__post_init__`` (an error names the field):
   event loop; ``grace_seconds``: how long a stop waits for calls in flight.
 - ``defer_seconds`` (0 < s <= 60): the longest an outcome answered before its commit (a
   client's receipt modack, a journaled ack: ``server.ack_journal``) waits to ride in a
-  round with others before it goes on its own. Longer: fewer ack MERGEs; a crash costs
-  nothing either way (the journal is replayed at the next start).
+  round with others before it goes on its own. Longer: fewer ack MERGEs, and fewer acks
+  journaled (a lease must outlast the deferral by ``streaming.ACK_LEASE_MARGIN``); a
+  journaled ack a crash left uncommitted is applied when a server next starts on the
+  warehouse.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ from google.pubsub_v1 import types as pb
 from .. import ackid, names
 from ..activity import ActivityRecorder
 from ..delivery.model import IdResult, Result
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, export_pull_refused
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, SubscriptionDetached, export_pull_refused
 from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
 from ..storage.clock import wall
@@ -155,7 +155,9 @@ class StreamHub:
         self.activity = ActivityRecorder(state.registry, wall(state.clock))  # for expiration policies
         self.commits = GroupCommits(state.engine, self._lookup, state.clock, executor=self._rounds, cache=self.payloads,
                                     on_use=self.activity.used, own=self.own_commits, peers=self._busy,
-                                    history=HistorySettings(enabled=state.settings.history), messages_version=self._messages_version,
+                                    history=HistorySettings(enabled=state.settings.history),
+                                    # (a local log only: the watcher reads an object store's version once a second)
+                                    messages_version=None if "://" in state.engine.warehouse else self._messages_version,
                                     defer_seconds=state.settings.defer_seconds)
         # Publish appends: one thread, one append at a time for all requests queued (publish_commit).
         self._appends = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltabus-publish")
@@ -218,28 +220,34 @@ class StreamHub:
             s, end = self._owner.get(enc), self._durable.get(enc)
             if s is None or s.exactly_once or s.ordering or end is None or end < need:
                 return False
+        written = asyncio.wrap_future(journal.record(subscription, encoded))
+        # Once the line is durable its ack is queued, even when this call was cancelled
+        # meanwhile (else the line would stay outstanding for the server's life).
+        written.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None
+                                  else self._defer_ack(journal, f.result(), subscription, ids))
         try:
-            await asyncio.wrap_future(journal.record(subscription, encoded))
+            await asyncio.shield(written)
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:  # a full disk, a journal closed by a stop: commit before answering instead
             log.warning("deltabus serve: the ack journal failed (%s); committing acks before answering", type(exc).__name__)
             return False
         for enc in encoded:
             self._settle(enc)
-        self._defer_ack(journal, subscription, ids)
         return True
 
-    def _defer_ack(self, journal: AckJournal, subscription: str, ids: Sequence[ackid.AckId]) -> None:
+    def _defer_ack(self, journal: AckJournal, segment: int, subscription: str, ids: Sequence[ackid.AckId]) -> None:
         """Queue journaled acks; their line counts as committed once a round commits them, or
         when they became moot (the subscription is gone, or detached: its backlog was
         dropped). A round failing otherwise queues them again, unless the server is stopping
         (the journal keeps them for the next start)."""
         def done(fut: asyncio.Future[Any]) -> None:
             exc = None if fut.cancelled() else fut.exception()
-            if fut.cancelled() or (exc is not None and not isinstance(exc, (NotFound, FailedPrecondition))):
+            if fut.cancelled() or (exc is not None and not isinstance(exc, (NotFound, SubscriptionDetached))):
                 if not self._state.stopping.is_set():
-                    self._defer_ack(journal, subscription, ids)
+                    self._defer_ack(journal, segment, subscription, ids)
                 return
-            journal.committed()
+            journal.committed(segment)
 
         self.commits.submit_acknowledge(subscription, ids).add_done_callback(done)
 

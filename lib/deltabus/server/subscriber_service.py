@@ -217,6 +217,10 @@ class SubscriberService:
     @rpc
     async def CreateSnapshot(self, request: pb.CreateSnapshotRequest, context: Context) -> pb.Snapshot:
         body = convert.create_snapshot_request(request)
+        # Acks answered from the journal and not yet committed are acks: commit them first, or
+        # the snapshot would hold their messages as unacked (a seek to it would redeliver them).
+        if request.subscription:
+            await streaming.hub_for(self.state).commits.flush(str(names.parse_subscription(request.subscription)))
         snapshot = await self.state.run(self.state.subscriber.create_snapshot, request=body)
         return convert.snapshot_to_proto(snapshot)
 
