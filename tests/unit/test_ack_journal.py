@@ -158,3 +158,50 @@ def test_a_failing_apply_leaves_the_journal_for_the_next_start(tmp_path: Path) -
 
 def test_a_missing_directory_has_nothing_to_recover(tmp_path: Path) -> None:
     assert recover(str(tmp_path / "none"), lambda s, ids: pytest.fail("nothing to apply")) == 0
+
+
+def test_a_new_segment_is_locked_before_a_starting_server_can_see_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another server's recovery running between the create and the rename finds only a
+    locked temporary file: it leaves it alone, and the segment lives on under its lock."""
+    real = os.rename
+    seen: list[list[str]] = []
+
+    def rename_after_a_recovery(src: str, dst: str) -> None:
+        seen.append(_files(tmp_path))
+        assert recover(str(tmp_path), lambda s, ids: pytest.fail("nothing to apply")) == 0
+        real(src, dst)
+
+    monkeypatch.setattr(ack_journal.os, "rename", rename_after_a_recovery)
+    j = AckJournal(str(tmp_path))
+    try:
+        assert seen and all(name.endswith(ack_journal._TEMP) for name in seen[0])
+        (path,) = j.paths
+        assert os.path.exists(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        monkeypatch.setattr(ack_journal.os, "rename", real)
+        j.close()
+
+
+@pytest.mark.parametrize("error, moot", [
+    ("NotFound", True), ("SubscriptionDetached", True),
+    ("ClockUncertain", False), ("FailedPrecondition", False), ("Aborted", False), ("OSError", False),
+])
+def test_only_a_subscription_gone_or_detached_makes_a_journaled_ack_moot(error: str, moot: bool) -> None:
+    from deltabus import errors
+    from deltabus.server.streaming import ack_moot
+
+    exc = {
+        "NotFound": errors.NotFound("subscription", "projects/p/subscriptions/s"),
+        "SubscriptionDetached": errors.SubscriptionDetached("projects/p/subscriptions/s"),
+        "ClockUncertain": errors.ClockUncertain("the storage clock is uncertain"),
+        "FailedPrecondition": errors.FailedPrecondition("x"),
+        "Aborted": errors.Aborted("x"),
+        "OSError": OSError("x"),
+    }[error]
+    assert ack_moot(exc) is moot

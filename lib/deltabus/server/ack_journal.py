@@ -40,9 +40,9 @@ for the MERGE before it sent more, and at 500 msg/s the ack rounds (~10 a second
 ack call) held the subscription half of the time, so a new message waited for a running
 MERGE before its lease round could start. Answered from the journal (fdatasync here:
 0.17 ms p50), with the acks committed about twice a second instead: streaming pull + ack
-1,895 -> 5,813 msg/s with one client and 4,982 -> 9,636 with four, counted until every
+1,895 -> 5,999 msg/s with one client and 4,982 -> 8,516 with four, counted until every
 ack was committed (results of record, bench/results/2026-11-27 and 2026-11-28-server.json);
-publish -> callback p50 147 -> 98 ms.
+publish -> callback p50 147 -> 101 ms.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ class StreamHub:
         (the journal keeps them for the next start)."""
         def done(fut: asyncio.Future[Any]) -> None:
             exc = None if fut.cancelled() else fut.exception()
-            if fut.cancelled() or (exc is not None and not isinstance(exc, (NotFound, SubscriptionDetached))):
+            if fut.cancelled() or (exc is not None and not ack_moot(exc)):
                 if not self._state.stopping.is_set():
                     self._defer_ack(journal, segment, subscription, ids)
                 return
@@ -420,6 +420,13 @@ class StreamHub:
 
 
 _HUBS: dict[int, tuple[ServerState, StreamHub]] = {}
+
+
+def ack_moot(exc: BaseException) -> bool:
+    """Whether a round's failure makes a journaled ack moot (counted done, not queued again):
+    its subscription is gone, or detached (the detach dropped its backlog). Any other error
+    (a clock known too loosely, a conflict, storage) leaves the ack to commit later."""
+    return isinstance(exc, (NotFound, SubscriptionDetached))
 
 
 def hub_of(state: ServerState) -> StreamHub | None:
