@@ -5,6 +5,7 @@ them, and exactly-once acks never take that path."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from google.cloud import pubsub_v1
@@ -87,6 +88,48 @@ def _until(check: Any, seconds: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _served(warehouse: str, monkeypatch: pytest.MonkeyPatch, defer_seconds: float, ack_deadline: int = 60) -> Iterator[tuple[ServerThread, Any, Any]]:
+    """A server in this process (``--defer-seconds`` as given), the real clients pointed at
+    it, topic T and subscription S, and 20 messages published."""
+    server = ServerThread(ServeSettings(warehouse=warehouse, port=0, grace_seconds=1.0, defer_seconds=defer_seconds)).start()
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{server.port}")
+    pubc, subc = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    try:
+        assert server.state.acks is not None
+        pubc.create_topic(name=T)
+        subc.create_subscription(name=S, topic=T, ack_deadline_seconds=ack_deadline)
+        for f in [pubc.publish(T, b"x") for _ in range(20)]:
+            f.result(timeout=30)
+        yield server, pubc, subc
+    finally:
+        subc.close()
+        pubc.stop()
+        server.stop()
+
+
+def _ack_all_journaled(warehouse: str, subc: Any) -> None:
+    """subscribe() with 60 s leases, acking each message, until the journal holds all 20 acks."""
+    future = subc.subscribe(S, Acker(), flow_control=pubsub_v1.types.FlowControl(min_duration_per_lease_extension=60))
+    try:
+        _until(lambda: len(_journaled(warehouse)) >= 20)
+    finally:
+        future.cancel()
+
+
+def _ack_with_responses(subc: Any, subscription: str, n: int, flow: Any = None) -> None:
+    """subscribe(), each message acked with ``ack_with_response()``, until `n` answers came."""
+    responses: list[Any] = []
+    kwargs = {} if flow is None else {"flow_control": flow}
+    future = subc.subscribe(subscription, lambda m: responses.append(m.ack_with_response()), **kwargs)
+    try:
+        _until(lambda: len(responses) >= n)
+        for r in responses:
+            r.result(timeout=30)
+    finally:
+        future.cancel()
+
+
 def _kill(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
@@ -143,18 +186,7 @@ def test_exactly_once_acks_are_committed_before_they_are_answered_never_journale
         for f in [gpub.publish(topic, b"x") for _ in range(20)]:
             f.result(timeout=30)
         before = journal.lines
-        responses: list[Any] = []
-
-        def callback(m: Any) -> None:
-            responses.append(m.ack_with_response())
-
-        future = gsub.subscribe(sub, callback)
-        try:
-            _until(lambda: len(responses) >= 20)
-            for r in responses:
-                r.result(timeout=30)
-        finally:
-            future.cancel()
+        _ack_with_responses(gsub, sub, 20)
         if eod:
             _until(lambda: _rows(warehouse, sub) == 0)
             assert journal.lines == before  # each ack's result came from its commit
@@ -168,31 +200,12 @@ def test_an_ack_whose_lease_could_end_before_its_deferred_commit_commits_before_
     """Leases of 10 s and a deferral of 6 s: 6 + ACK_LEASE_MARGIN (5) is past the lease, so no
     ack is journaled (a lease that ran out while its ack waited would let the message go
     again), and every ack is on the table when its call returns."""
-    server = ServerThread(ServeSettings(warehouse=warehouse, port=0, grace_seconds=1.0, defer_seconds=6.0)).start()
-    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{server.port}")
-    pubc, subc = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-    try:
+    with _served(warehouse, monkeypatch, 6.0, ack_deadline=10) as (server, pubc, subc):
         journal = server.state.acks
         assert journal is not None
-        pubc.create_topic(name=T)
-        subc.create_subscription(name=S, topic=T, ack_deadline_seconds=10)
-        for f in [pubc.publish(T, b"x") for _ in range(20)]:
-            f.result(timeout=30)
-        responses: list[Any] = []
-        flow = pubsub_v1.types.FlowControl(max_duration_per_lease_extension=10)  # the stream's leases: 10 s
-        future = subc.subscribe(S, lambda m: responses.append(m.ack_with_response()), flow_control=flow)
-        try:
-            _until(lambda: len(responses) >= 20)
-            for r in responses:
-                r.result(timeout=30)
-        finally:
-            future.cancel()
+        _ack_with_responses(subc, S, 20, pubsub_v1.types.FlowControl(max_duration_per_lease_extension=10))  # leases: 10 s
         _until(lambda: _rows(warehouse) == 0)  # every ack on the table (the client sends them a moment after the callbacks)
         assert journal.lines == 0  # none of them was journaled
-    finally:
-        subc.close()
-        pubc.stop()
-        server.stop()
 
 
 def test_a_start_applies_a_dead_server_s_journal_and_treats_acks_of_a_detached_or_deleted_subscription_as_moot(
@@ -232,54 +245,22 @@ def test_a_start_applies_a_dead_server_s_journal_and_treats_acks_of_a_detached_o
 def test_journaled_acks_of_a_subscription_detached_before_their_commit_are_moot_not_retried_forever(
     warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = ServerThread(ServeSettings(warehouse=warehouse, port=0, grace_seconds=1.0, defer_seconds=2.0)).start()
-    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{server.port}")
-    pubc, subc = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-    try:
+    with _served(warehouse, monkeypatch, 2.0) as (server, pubc, subc):
         journal = server.state.acks
         assert journal is not None
-        pubc.create_topic(name=T)
-        subc.create_subscription(name=S, topic=T, ack_deadline_seconds=60)
-        for f in [pubc.publish(T, b"x") for _ in range(20)]:
-            f.result(timeout=30)
-        got = Acker()
-        future = subc.subscribe(S, got, flow_control=pubsub_v1.types.FlowControl(min_duration_per_lease_extension=60))
-        try:
-            _until(lambda: len(_journaled(warehouse)) >= 20)
-        finally:
-            future.cancel()
+        _ack_all_journaled(warehouse, subc)
         pubc.detach_subscription(request={"subscription": S})  # before the deferred acks' round (2 s)
         _until(lambda: all(os.path.getsize(p) == 0 for p in journal.paths), 30)  # their round failed as moot: nothing outstanding
-    finally:
-        subc.close()
-        pubc.stop()
-        server.stop()
 
 
 def test_create_snapshot_commits_the_subscription_s_journaled_acks_first(warehouse: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A snapshot taken while acks wait in the journal must hold them as acked: else a seek to
     it would deliver acked messages again."""
-    server = ServerThread(ServeSettings(warehouse=warehouse, port=0, grace_seconds=1.0, defer_seconds=30.0)).start()
-    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{server.port}")
-    pubc, subc = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-    try:
-        pubc.create_topic(name=T)
-        subc.create_subscription(name=S, topic=T, ack_deadline_seconds=60)
-        for f in [pubc.publish(T, b"x") for _ in range(20)]:
-            f.result(timeout=30)
-        got = Acker()
-        future = subc.subscribe(S, got, flow_control=pubsub_v1.types.FlowControl(min_duration_per_lease_extension=60))
-        try:
-            _until(lambda: len(_journaled(warehouse)) >= 20)
-        finally:
-            future.cancel()
+    with _served(warehouse, monkeypatch, 30.0) as (server, pubc, subc):
+        _ack_all_journaled(warehouse, subc)
         assert _rows(warehouse) == 20  # answered, not committed (30 s deferral)
         snap = f"projects/{PROJECT}/snapshots/journal-snap"
         subc.create_snapshot(name=snap, subscription=S)
         assert _rows(warehouse) == 0
         subc.seek(request={"subscription": S, "snapshot": snap})
         assert subc.pull(subscription=S, max_messages=10, return_immediately=True).received_messages == []
-    finally:
-        subc.close()
-        pubc.stop()
-        server.stop()
