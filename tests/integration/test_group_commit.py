@@ -253,6 +253,39 @@ def test_the_server_s_rounds_lease_no_message_whose_deferred_ack_is_not_yet_comm
     asyncio.run(scenario())
 
 
+def test_a_flush_before_a_snapshot_raises_when_a_round_left_deferred_acks_uncommitted(
+    pub, sub, topic, subscription, warehouse, clock
+) -> None:
+    """CreateSnapshot flushes the subscription's deferred acks before it reads: a round that
+    fails (here its lookup, as a storage error would) must fail the flush, not let the
+    snapshot read those acks as unacked."""
+    from deltabus.errors import Aborted
+
+    pub.publish_batch(topic, [{"data": b"x"}])
+    engine, rec = _setup(warehouse, clock, subscription)
+    failing = [False]
+
+    def lookup(name: str):
+        if failing[0]:
+            failing[0] = False
+            raise Aborted("storage kept conflicting")
+        return rec
+
+    async def scenario() -> None:
+        commits = GroupCommits(engine, lookup, clock, defer_seconds=30.0)
+        (x,) = _ids(await commits.lease(subscription, 1, 60.0))
+        done = commits.submit_acknowledge(subscription, [x])
+        failing[0] = True
+        with pytest.raises(Aborted):
+            await commits.flush(subscription)
+        assert isinstance(done.exception(), Aborted)
+        again = commits.submit_acknowledge(subscription, [x])  # (as StreamHub queues a failed one again)
+        await commits.flush(subscription)
+        assert again.result() is None
+
+    asyncio.run(scenario())
+
+
 def test_a_deferred_ack_goes_within_defer_seconds_even_while_lease_asks_keep_coming(pub, sub, topic, subscription, warehouse) -> None:
     """A journaled ack (``submit_acknowledge``) starts no round and rides in none of lease asks
     alone, but once it waited `defer_seconds` it goes in the next round whatever that holds:

@@ -115,9 +115,13 @@ def test_recover_leaves_a_live_server_s_journal_alone_and_a_new_one_is_locked_be
     finally:
         live.close()
     assert _files(tmp_path) == []
-    # a crash between creating a segment and renaming it leaves a temporary file, empty
+    # a crash between creating a segment and renaming it leaves a temporary file, usually
+    # empty; one that holds lines (its rename lost to a power loss) is applied like any other
     (tmp_path / f"x{ack_journal._TEMP}").write_bytes(b"")
-    assert recover(d, lambda s, ids: pytest.fail("nothing to apply")) == 0
+    (tmp_path / f"y{ack_journal._TEMP}").write_bytes(b'{"subscription":"s","ack_ids":["a"]}\n')
+    applied: list[tuple[str, list[str]]] = []
+    assert recover(d, lambda s, ids: applied.append((s, ids))) == 1
+    assert applied == [("s", ["a"])]
     assert _files(tmp_path) == []
 
 
@@ -189,15 +193,16 @@ def test_a_new_segment_is_locked_before_a_starting_server_can_see_it(tmp_path: P
 
 
 @pytest.mark.parametrize("error, moot", [
-    ("NotFound", True), ("SubscriptionDetached", True),
+    ("NotFound", True), ("SubscriptionDetached", True), ("topic NotFound", False),
     ("ClockUncertain", False), ("FailedPrecondition", False), ("Aborted", False), ("OSError", False),
 ])
 def test_only_a_subscription_gone_or_detached_makes_a_journaled_ack_moot(error: str, moot: bool) -> None:
     from deltabus import errors
-    from deltabus.server.streaming import ack_moot
+    from deltabus.server.group_commit import ack_moot
 
     exc = {
         "NotFound": errors.NotFound("subscription", "projects/p/subscriptions/s"),
+        "topic NotFound": errors.NotFound("topic", "projects/p/topics/t"),
         "SubscriptionDetached": errors.SubscriptionDetached("projects/p/subscriptions/s"),
         "ClockUncertain": errors.ClockUncertain("the storage clock is uncertain"),
         "FailedPrecondition": errors.FailedPrecondition("x"),

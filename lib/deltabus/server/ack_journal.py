@@ -23,8 +23,9 @@ Contract.
   RECOVER_CHUNK ids a call (the delivery core's ack: a stale id matches no row and changes
   nothing, so applying a line twice is harmless), then the file is deleted. A line without
   its newline was cut by a crash mid-write: its client was never answered, and it is
-  skipped. A failing `apply` leaves the file for the next start. Temporary files left by a
-  crash before their rename hold no line and are deleted.
+  skipped. A failing `apply` leaves the file for the next start. A segment still under its
+  temporary name (a crash before the rename, or a power loss that lost it) is read the same
+  way: usually it holds nothing.
 - **A clean stop** commits the deferred acks first (``GroupCommits.flush``), then ``close()``
   deletes the segments with nothing outstanding (the rest stay, for ``recover``).
 - A write that fails (a full disk) is cut back off the file, so the next line starts clean,
@@ -75,9 +76,14 @@ class _Segment:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(temp, self.path)  # locked before any recover can see it
+            dirfd = os.open(directory, os.O_RDONLY)
+            try:  # the rename itself durable: else a power loss could leave the lines under the temporary name
+                os.fsync(dirfd)
+            finally:
+                os.close(dirfd)
         except BaseException:
             os.close(self.fd)
-            os.unlink(temp)
+            _unlink(temp)
             raise
         self.size = 0
         self.outstanding = 0
@@ -130,8 +136,8 @@ class AckJournal:
         except BaseException:
             try:  # cut the partial line off: the next one must start on a line of its own
                 os.ftruncate(seg.fd, seg.size)
-            except OSError:
-                pass
+            except OSError:  # it stays: the next line goes to a new segment (recover drops a last piece without newline)
+                seg.size = max(seg.size, self._segment_bytes)
             raise
         seg.size += len(line)
         seg.outstanding += 1
@@ -150,18 +156,23 @@ class AckJournal:
             return
         seg.outstanding -= 1
         if seg.outstanding == 0:
-            if segment == self._newest:
-                os.ftruncate(seg.fd, 0)
-                seg.size = 0
-            else:
-                self._drop_done()
+            try:
+                if segment == self._newest:
+                    os.ftruncate(seg.fd, 0)
+                    seg.size = 0
+                else:
+                    self._drop_done()
+            except OSError as exc:  # kept: its lines are all committed, so a recovery of them is harmless
+                log.warning("ack journal: could not empty or delete a segment (%s)", type(exc).__name__)
 
     def _drop_done(self) -> None:
         """Delete the segments before the newest with nothing outstanding."""
         for k in [k for k, s in self._segments.items() if k != self._newest and s.outstanding == 0]:
             seg = self._segments.pop(k)
-            os.unlink(seg.path)
-            os.close(seg.fd)
+            try:
+                os.unlink(seg.path)
+            finally:
+                os.close(seg.fd)
 
     def close(self) -> None:
         """Stop writing; delete the segments whose every line was committed (the others stay,
@@ -202,9 +213,6 @@ def recover(directory: str, apply: Callable[[str, list[str]], None]) -> int:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # its server is alive
-                continue
-            if name.endswith(_TEMP):  # a crash between create and rename: no line was written to it
-                _unlink(path)
                 continue
             with os.fdopen(os.dup(fd), "rb") as f:
                 data = f.read()

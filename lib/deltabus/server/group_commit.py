@@ -107,7 +107,7 @@ from ..delivery.model import IdResult, Lease, Op, OutcomeKind, Result
 from ..delivery.outcomes import cascade, decide, latest_per_message, nack_lease, read_current, rows
 from ..delivery.payloads import fetch_messages, received_messages
 from ..delivery.selection import read_candidates, select
-from ..errors import Cancelled, ClockUncertain, FailedPrecondition, export_pull_refused
+from ..errors import Cancelled, ClockUncertain, FailedPrecondition, NotFound, SubscriptionDetached, export_pull_refused
 from ..policy.round_outcomes import Outcome, resolve, result_of, split
 from ..registry import SubscriptionRecord
 from ..storage import Engine, Snapshot
@@ -464,6 +464,13 @@ def _reexpire(part: pa.Table, ends: dict[str, int]) -> pa.Table:
 
 
 # -- the event-loop side ------------------------------------------------------------------
+def ack_moot(exc: BaseException) -> bool:
+    """Whether a round's failure makes a deferred (journaled) ack moot, counted done and not
+    queued again: its subscription is gone, or detached (the detach dropped its backlog).
+    Any other error (a clock known too loosely, a conflict, storage) leaves the ack to
+    commit later."""
+    return (isinstance(exc, NotFound) and exc.kind == "subscription") or isinstance(exc, SubscriptionDetached)
+
 
 Listener = Callable[[Sequence[ackid.AckId], Union[float, None]], None]
 
@@ -632,7 +639,9 @@ class GroupCommits:
         """Commit every deferred change queued now (and every other outcome), at once: of
         every subscription for a server stopping cleanly (a lease ask queued now or during
         the flush then fails with ``Cancelled``: its stream is ending), or of `subscription`
-        before reading its state (CreateSnapshot). Returns when their drains have ended."""
+        before reading its state (CreateSnapshot), which raises the error of a round that left
+        any of its deferred acks uncommitted (that caller must not read, and may retry).
+        Returns when their drains have ended."""
         if subscription is not None:
             waiting = set(self._ack_futures.get(subscription, ()))  # queued, or in a round now
             if not waiting:
@@ -643,6 +652,10 @@ class GroupCommits:
                 await asyncio.wait(waiting)
             finally:
                 self._forced.discard(subscription)
+            for f in waiting:  # a round that failed left its acks uncommitted: the caller must not read as if
+                exc = None if f.cancelled() else f.exception()
+                if f.cancelled() or (exc is not None and not ack_moot(exc)):
+                    raise exc if exc is not None else Cancelled("deferred acks were cancelled")
             return
         self._flushing = True
         try:

@@ -92,14 +92,14 @@ from google.pubsub_v1 import types as pb
 from .. import ackid, names
 from ..activity import ActivityRecorder
 from ..delivery.model import IdResult, Result
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, SubscriptionDetached, export_pull_refused
+from ..errors import FailedPrecondition, InvalidArgument, export_pull_refused
 from ..policy.stream_flow import StreamFlow
 from ..registry import SubscriptionRecord
 from ..storage.clock import wall
 from . import convert
 from .ack_journal import AckJournal
 from ..delivery.history import HistorySettings
-from .group_commit import GroupCommits
+from .group_commit import GroupCommits, ack_moot
 from .own_commits import OwnCommits
 from .payload_cache import PayloadCache
 from .publish_commit import PublishCommits
@@ -221,10 +221,18 @@ class StreamHub:
             if s is None or s.exactly_once or s.ordering or end is None or end < need:
                 return False
         written = asyncio.wrap_future(journal.record(subscription, encoded))
-        # Once the line is durable its ack is queued, even when this call was cancelled
-        # meanwhile (else the line would stay outstanding for the server's life).
-        written.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None
-                                  else self._defer_ack(journal, f.result(), subscription, ids))
+
+        def durable(f: asyncio.Future[int]) -> None:
+            # Once the line is durable its ack is queued and its ids stop counting on their
+            # streams, even when this call was cancelled meanwhile (else the line would stay
+            # outstanding for the server's life, and the ids held their streams' room).
+            if f.cancelled() or f.exception() is not None:
+                return
+            for enc in encoded:
+                self._settle(enc)
+            self._defer_ack(journal, f.result(), subscription, ids)
+
+        written.add_done_callback(durable)
         try:
             await asyncio.shield(written)
         except asyncio.CancelledError:
@@ -232,8 +240,6 @@ class StreamHub:
         except Exception as exc:  # a full disk, a journal closed by a stop: commit before answering instead
             log.warning("deltabus serve: the ack journal failed (%s); committing acks before answering", type(exc).__name__)
             return False
-        for enc in encoded:
-            self._settle(enc)
         return True
 
     def _defer_ack(self, journal: AckJournal, segment: int, subscription: str, ids: Sequence[ackid.AckId]) -> None:
@@ -245,6 +251,8 @@ class StreamHub:
             exc = None if fut.cancelled() else fut.exception()
             if fut.cancelled() or (exc is not None and not ack_moot(exc)):
                 if not self._state.stopping.is_set():
+                    log.warning("deltabus serve: %d journaled acks not committed (%s); queued again",
+                                len(ids), "cancelled" if exc is None else type(exc).__name__)
                     self._defer_ack(journal, segment, subscription, ids)
                 return
             journal.committed(segment)
@@ -420,13 +428,6 @@ class StreamHub:
 
 
 _HUBS: dict[int, tuple[ServerState, StreamHub]] = {}
-
-
-def ack_moot(exc: BaseException) -> bool:
-    """Whether a round's failure makes a journaled ack moot (counted done, not queued again):
-    its subscription is gone, or detached (the detach dropped its backlog). Any other error
-    (a clock known too loosely, a conflict, storage) leaves the ack to commit later."""
-    return isinstance(exc, (NotFound, SubscriptionDetached))
 
 
 def hub_of(state: ServerState) -> StreamHub | None:
