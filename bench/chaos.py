@@ -64,6 +64,7 @@ for p in (str(ROOT), str(ROOT / "lib")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from bench import procs  # noqa: E402
 from bench.chaos_check import Ack, Receipt, check_pulls, check_pushes, is_ack  # noqa: E402
 from bench.chaos_endpoint import BEHAVIOURS, ChaosEndpoint, EndpointSettings  # noqa: E402
 
@@ -113,26 +114,8 @@ def start_job(warehouse: str, log_path: Path, *, until_idle: bool = False, max_s
 
 def _children(root: int) -> list[tuple[int, str]]:
     """(pid, command line) of every descendant of `root`."""
-    parents: dict[int, int] = {}
-    cmds: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        parents[int(entry)] = int(stat[1])
-        cmds[int(entry)] = cmd
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        for c, pp in parents.items():
-            if pp == pid:
-                out.append((c, cmds[c]))
-                todo.append(c)
-    return out
+    now = procs.processes(cmdline=True)
+    return [(pid, now[pid].cmd) for pid in procs.descendants(now, root)]
 
 
 def python_workers(job: subprocess.Popen[bytes]) -> list[int]:

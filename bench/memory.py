@@ -46,26 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import procs  # noqa: E402
+
 PER_BATCH = 5
 SAMPLE_SECONDS = 0.25
 SERIES_SECONDS = 5.0
 JOB_TIMEOUT = 3 * 3600.0  # seconds; 30,000 messages take about 30 minutes here
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _processes() -> dict[int, tuple[int, str, int]]:
-    """pid -> (ppid, role hint from the command line, resident bytes) of every process."""
-    out: dict[int, tuple[int, str, int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        out[int(entry)] = (int(fields[1]), cmd, int(fields[21]) * PAGE)  # field 24 of stat: rss in pages
-    return out
 
 
 def _role(cmd: str) -> str:
@@ -102,18 +88,11 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         while not self._done.is_set():
-            procs = _processes()
-            tree, todo = [], [self.root]
-            while todo:
-                pid = todo.pop()
-                if pid in procs:
-                    tree.append(pid)
-                    todo.extend(c for c, (pp, _, _) in procs.items() if pp == pid)
+            now = procs.processes(cmdline=True)
             by_role: dict[str, int] = {}
-            for pid in tree:
-                _, cmd, rss = procs[pid]
-                role = _role(cmd)
-                by_role[role] = by_role.get(role, 0) + rss
+            for pid in procs.tree(now, self.root):
+                role = _role(now[pid].cmd)
+                by_role[role] = by_role.get(role, 0) + now[pid].rss
             for role, rss in by_role.items():
                 self.peaks[role] = max(self.peaks.get(role, 0), rss)
             self.peak_total = max(self.peak_total, sum(by_role.values()))

@@ -201,25 +201,10 @@ def _wait_drained(wh: str, sub_uid: str, proc: subprocess.Popen, start_version: 
 def _tree_cpu(root: int) -> float:
     """CPU seconds used so far by process `root` and all its descendants (Spark's JVM, the
     driver, the Python workers), including descendants that already exited and were reaped."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ppid = int(fields[1])
-        cpu = sum(int(x) for x in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        stats[int(entry)] = (ppid, cpu)
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            total += stats[pid][1]
-        todo.extend(c for c, (pp, _) in stats.items() if pp == pid)
-    return total
+    from bench import procs
+
+    now = procs.processes()
+    return sum(now[pid].cpu_s for pid in procs.tree(now, root))
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:

@@ -126,8 +126,9 @@ def outer(command: list[str]) -> NoReturn:
     relay = Relay()
     # Our children start with the relayed signals blocked: a copy sent to our group in the
     # moment before a child leaves it then waits instead of killing it (a handler inherited
-    # over fork would run our relay in the child until exec). The reaper keeps them blocked; the command unblocks them
-    # once in its own session. We unblock ours (also those a caller left blocked) at the end.
+    # over fork would run our relay in the child until exec). The reaper keeps them blocked;
+    # the command unblocks them once in its own session. We unblock ours (also those a
+    # caller left blocked) at the end.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     read_end, write_end = os.pipe()  # write_end is held by this process only: it closes when we die
     reaper = subprocess.Popen(
