@@ -35,7 +35,7 @@ from google.pubsub_v1 import types as pb
 
 from .. import ackid, watch
 from ..delivery.history import OFF, HistorySettings
-from ..errors import InvalidArgument, NotFound, SubscriptionDetached
+from ..errors import InvalidArgument
 from ..publisher.client import PublisherClient
 from ..registry import Registry
 from ..policy.clock_skew import ClockSkewPolicy
@@ -198,8 +198,9 @@ def open_journal(
         try:
             sub = registry.subscription(name)
             group_commit.run_round(engine, sub, [group_commit.OutcomeAsk(tuple(ids), None)], clock, history=history)
-        except (NotFound, SubscriptionDetached):  # deleted or detached since (its backlog dropped): the acks are moot
-            return
+        except Exception as exc:  # deleted or detached since (its backlog dropped): the acks are moot
+            if not group_commit.ack_moot(exc):
+                raise
 
     ack_journal.recover(directory, apply)
     return AckJournal(directory)
