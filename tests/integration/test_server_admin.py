@@ -194,6 +194,14 @@ def test_serve_refuses_a_network_host_without_tls(warehouse: str) -> None:
     assert not os.path.exists(warehouse)
 
 
+def test_serve_refuses_a_deferral_out_of_range_naming_its_flag_and_writes_nothing(warehouse: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from deltabus.cli import main
+
+    assert main(["serve", "--warehouse", warehouse, "--port", "0", "--defer-seconds", "0"], environ={}) == 1
+    assert "--defer-seconds" in capsys.readouterr().err
+    assert not os.path.exists(warehouse)
+
+
 def test_tls(warehouse: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With tls_cert/tls_key the server speaks TLS only; the real client reaches it over a
     secure channel it is given (PUBSUB_EMULATOR_HOST channels are plain text)."""

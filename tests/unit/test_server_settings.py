@@ -51,6 +51,10 @@ def test_ipv6_address_is_bracketed() -> None:
         ({"grace_seconds": float("inf")}, "grace_seconds"),
         ({"warehouse": ""}, "warehouse"),
         ({"history": "no"}, "history"),
+        ({"defer_seconds": 0}, "defer_seconds"),
+        ({"defer_seconds": 61}, "defer_seconds"),
+        ({"defer_seconds": float("nan")}, "defer_seconds"),
+        ({"defer_seconds": True}, "defer_seconds"),
     ],
 )
 def test_bad_values_name_their_field(kwargs: dict, field: str) -> None:
