@@ -54,3 +54,27 @@ def test_files_without_start_records_keep_the_old_rule(tmp_path):
           {"e": "ack", "ids": ["b"], "t": 1.0}, {"e": "ack-call", "ids": ["c"]})
     got = _read_client_records(tmp_path)
     assert got.ack_called == {"a", "c"} and got.errors == 0
+
+
+def test_the_client_library_s_own_shutdown_race_is_not_counted_but_any_other_traceback_is(tmp_path):
+    from bench.chaos import _unexpected
+
+    race = """Thread-ConsumeBidirectionalStream caught unexpected exception  and will exit.
+Traceback (most recent call last):
+  File "site-packages/google/api_core/bidi.py", line 647, in _thread_main
+    self._on_response(response)
+  File "site-packages/google/cloud/pubsub_v1/subscriber/_protocol/streaming_pull_manager.py", line 703, in _schedule_message_on_hold
+    assert self._scheduler is not None
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^
+AssertionError
+"""
+    other = """Traceback (most recent call last):
+  File "bench/chaos_client.py", line 1, in run
+    raise RuntimeError("boom")
+RuntimeError: boom
+"""
+    err = tmp_path / "4-grpc-subscriber.err"
+    err.write_text(race)
+    assert _unexpected(err) == 0
+    err.write_text(race + other)
+    assert _unexpected(err) == 1
